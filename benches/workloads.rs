@@ -1,0 +1,2 @@
+//! Placeholder: the workload suite lands with the performance issue.
+fn main() {}

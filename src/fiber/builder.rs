@@ -1,0 +1,250 @@
+//! Spawning: the fiber `Builder`, `spawn`, and the one function that creates every fiber.
+
+use std::io;
+use std::marker::PhantomData;
+use std::panic::{AssertUnwindSafe, Location, catch_unwind};
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use corosensei::{Coroutine, Yielder};
+
+use super::join::{self, JoinHandle};
+use super::park::{Fiber, next_id};
+use super::stack::{FiberStack, SizeClass, usable_size};
+use super::{Co, FiberRecord, Init, STAGE_CLOSURE, STAGE_RESULT, StageVTable, Suspend};
+use crate::runtime::context;
+use crate::scheduler::{RuntimeRef, Wake};
+
+/// What `join` returns for a fiber that its runtime's drop unwound before it finished.
+pub(crate) const CANCELLED: &str = "fiber cancelled: its runtime was dropped before it finished";
+
+/// Fiber factory, like `std::thread::Builder`: a name and a stack size for the next fiber.
+#[derive(Debug, Default, Clone)]
+pub struct Builder {
+    name: Option<String>,
+    stack_size: Option<usize>,
+}
+
+impl Builder {
+    /// A builder with the runtime's defaults.
+    pub fn new() -> Builder {
+        Builder::default()
+    }
+
+    /// Names the fiber; the name shows in panics' messages, dumps and [`Fiber::name`].
+    pub fn name(mut self, name: String) -> Builder {
+        self.name = Some(name);
+        self
+    }
+
+    /// The fiber's usable stack in bytes (rounded up to whole pages), instead of the runtime's
+    /// default (64 KiB unless `runtime::Builder::stack_size` says otherwise). It is reserved
+    /// address space: only the pages the fiber touches cost memory.
+    pub fn stack_size(mut self, bytes: usize) -> Builder {
+        self.stack_size = Some(bytes);
+        self
+    }
+
+    /// Spawns the fiber on the current runtime: the caller's if it is a fiber, otherwise the
+    /// process-wide default runtime (started on first use).
+    ///
+    /// Errors: `InvalidInput` for a stack size out of range; `OutOfMemory` when no stack can be
+    /// had (the message names the limit and how to raise it).
+    #[track_caller]
+    pub fn spawn<F, T>(self, f: F) -> io::Result<JoinHandle<T>>
+    where
+        F: FnOnce() -> T + Send + 'static,
+        T: Send + 'static,
+    {
+        let at = Location::caller();
+        // SAFETY: `F` and `T` are 'static: nothing borrowed can dangle.
+        crate::runtime::with_current_runtime(|rt| unsafe { self.spawn_unchecked_at(rt, f, at, None) })
+    }
+
+    /// Spawns the fiber on the runtime `handle` refers to.
+    #[track_caller]
+    pub fn spawn_on<F, T>(self, handle: &crate::Handle, f: F) -> io::Result<JoinHandle<T>>
+    where
+        F: FnOnce() -> T + Send + 'static,
+        T: Send + 'static,
+    {
+        let at = Location::caller();
+        // SAFETY: `F` and `T` are 'static: nothing borrowed can dangle.
+        unsafe { self.spawn_unchecked_at(handle.runtime(), f, at, None) }
+    }
+
+    /// # Safety
+    /// If `F` or `T` borrow anything, the caller must wait for the fiber's result to be taken
+    /// or dropped (its join to complete, or its scope to end) before the borrowed data goes
+    /// away, on every path, panics included.
+    pub(crate) unsafe fn spawn_unchecked_at<F, T>(
+        self,
+        rt: &RuntimeRef,
+        f: F,
+        at: &'static Location<'static>,
+        scope: Option<Arc<crate::scope::ScopeData>>,
+    ) -> io::Result<JoinHandle<T>>
+    where
+        F: FnOnce() -> T + Send,
+        T: Send,
+    {
+        let class = match self.stack_size {
+            Some(bytes) => SizeClass::get(usable_size(bytes)?),
+            None => rt.stacks,
+        };
+        let c = context::carrier();
+        // SAFETY: a non-null carrier pointer is this thread's live carrier; it is used only
+        // until `schedule_local` below, before any switch point.
+        let any_carrier = (!c.is_null()).then(|| unsafe { &*c });
+        let local = any_carrier.filter(|c| std::ptr::eq(c.shared(), rt.ptr()));
+
+        // The stack is bound at first run; make sure now that one can be had, so that running
+        // out is this call's error rather than a surprise later.
+        match local {
+            Some(c) => c.ensure_stack(class)?,
+            None => class.ensure_available()?,
+        }
+        let id = match any_carrier {
+            Some(c) => c.next_id(),
+            None => context::with_plain(|p| next_id(&mut p.ids)),
+        };
+        let (slot, runtime) = match local {
+            Some(c) => (c.alloc_record(), c.take_ref()),
+            None => (rt.alloc_record(), rt.clone()),
+        };
+        let init = Init {
+            id,
+            name: self.name.map(String::into_boxed_str),
+            spawned_at: at,
+            runtime,
+            class,
+            vtable: &Erased::<F, T>::VTABLE,
+            scope,
+        };
+        // SAFETY: `slot` came from a pool (or is new): unused and ours.
+        let rec = unsafe { FiberRecord::init(slot, init) };
+        // SAFETY: the record is not queued yet: we are its only user.
+        unsafe { rec.put_stage(f, STAGE_CLOSURE) };
+        let handle = JoinHandle { fiber: Fiber::from_record(rec.clone()), _result: PhantomData };
+        match local {
+            Some(c) => {
+                c.schedule_local(rec, Wake::Spawn);
+                fork_yield(c);
+            }
+            None => rt.schedule_remote(rec),
+        }
+        Ok(handle)
+    }
+}
+
+/// The type-erased operations on a fiber's stage, one table per closure and result type.
+struct Erased<F, T>(PhantomData<(F, T)>);
+
+impl<F: FnOnce() -> T + Send, T: Send> Erased<F, T> {
+    const VTABLE: StageVTable =
+        StageVTable { make: make_coroutine::<F, T>, fail: fail_start::<F, T>, drop_result: drop_result::<T> };
+}
+
+/// # Safety
+/// The stage holds an `F` (the closure of a fiber spawned with this vtable), consumed here;
+/// the caller of spawn guaranteed that what it borrows outlives the fiber.
+unsafe fn make_coroutine<F: FnOnce() -> T + Send, T: Send>(rec: &FiberRecord, stack: FiberStack) -> Co {
+    // SAFETY: see the function's contract.
+    let f = unsafe { rec.take_stage::<F>() };
+    let body = move |y: &Yielder<(), Suspend>, ()| fiber_main(y, f);
+    // SAFETY: the borrows inside `body` outlive the fiber by spawn's contract; the stack is
+    // exclusively ours (from the pool).
+    unsafe { Coroutine::with_stack_unchecked(stack, body) }
+}
+
+/// # Safety
+/// As for [`make_coroutine`].
+unsafe fn fail_start<F: FnOnce() -> T + Send, T: Send>(rec: &FiberRecord, e: io::Error) {
+    // SAFETY: see the function's contract.
+    let f = unsafe { rec.take_stage::<F>() };
+    let _ = catch_unwind(AssertUnwindSafe(move || drop(f)));
+    let r: std::thread::Result<T> = Err(Box::new(format!("fiber could not start: {e}")));
+    // SAFETY: the stage is empty now, and the fiber never runs: we are its only user.
+    unsafe { rec.put_stage(r, STAGE_RESULT) };
+    join::complete(rec);
+}
+
+/// # Safety
+/// The stage holds this fiber's `thread::Result<T>`, and the caller is the only party that
+/// may take it (see `join.rs`).
+unsafe fn drop_result<T>(rec: &FiberRecord) -> bool {
+    // SAFETY: see the function's contract.
+    unsafe { rec.take_stage::<std::thread::Result<T>>() }.is_err()
+}
+
+/// The fork-yield rule: a fiber that spawns many children in a row yields every `fork_yield`
+/// spawns, so that the children start on other carriers instead of piling up behind it
+/// (ZIO's `MaxForksBeforeYield`). Off when the setting is 0.
+fn fork_yield(c: &crate::scheduler::carrier::Carrier) {
+    let every = c.shared().config.fork_yield;
+    let me = c.current();
+    if every == 0 || me.is_null() {
+        return;
+    }
+    // SAFETY: `me` is the fiber running on this carrier: live while it runs.
+    let me = unsafe { &*me };
+    let n = me.spawns.get() + 1;
+    me.spawns.set(n);
+    if n >= every {
+        crate::yield_now(); // resets the count
+    }
+}
+
+/// Every fiber's body: run the closure, catch its panic, publish the result.
+fn fiber_main<F: FnOnce() -> T, T>(y: &Yielder<(), Suspend>, f: F) {
+    let me = context::current_fiber();
+    debug_assert!(!me.is_null());
+    // SAFETY: on its first resume a fiber is the current fiber of the thread resuming it, and
+    // its record outlives its run (the resumer holds a reference). The record's address is
+    // stable, so `me` stays valid across switches even though the carrier may change.
+    let me: &FiberRecord = unsafe { &*me };
+    me.set_yielder(y);
+    let result = if me.cancelled.load(Ordering::Acquire) {
+        // Cancelled before it ever ran: drop the closure (its captures' destructors run here).
+        let _ = catch_unwind(AssertUnwindSafe(move || drop(f)));
+        Err(Box::new(CANCELLED) as Box<dyn std::any::Any + Send>)
+    } else {
+        match catch_unwind(AssertUnwindSafe(f)) {
+            // The runtime's drop unwound it (corosensei's private unwind payload).
+            Err(_) if me.cancelled.load(Ordering::Acquire) => Err(Box::new(CANCELLED) as _),
+            r => r,
+        }
+    };
+    if catch_unwind(AssertUnwindSafe(|| me.locals.clear())).is_err() {
+        eprintln!(
+            "virtual-threads: a fiber_local! destructor panicked; aborting (as std does for thread_local!)"
+        );
+        std::process::abort();
+    }
+    // SAFETY: the stage is empty (the closure was moved out at the first run) and only this
+    // fiber writes it until it publishes DONE.
+    unsafe { me.put_stage(result, STAGE_RESULT) };
+    join::complete(me);
+}
+
+/// Spawns a new fiber on the current runtime (the caller's, or the process-wide default one
+/// when called from a plain thread) and returns a handle to join it.
+///
+/// # Panics
+/// If no stack can be allocated, as `std::thread::spawn` panics when the OS cannot create a
+/// thread; use [`Builder::spawn`] to get the `io::Error` instead.
+#[track_caller]
+pub fn spawn<F, T>(f: F) -> JoinHandle<T>
+where
+    F: FnOnce() -> T + Send + 'static,
+    T: Send + 'static,
+{
+    let at = Location::caller();
+    // SAFETY: `F` and `T` are 'static.
+    match crate::runtime::with_current_runtime(|rt| unsafe {
+        Builder::new().spawn_unchecked_at(rt, f, at, None)
+    }) {
+        Ok(h) => h,
+        Err(e) => panic!("failed to spawn fiber: {e}"),
+    }
+}

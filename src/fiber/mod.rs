@@ -1,0 +1,489 @@
+//! Fibers: a stackful coroutine plus the record the scheduler moves between queues.
+//!
+//! A fiber is a `corosensei` coroutine on a pooled [`stack::FiberStack`], owned by a
+//! reference-counted [`FiberRecord`]. Its life is a small state machine in one atomic word
+//! (`state.rs` style, kept here because it is short):
+//!
+//! ```text
+//!   spawn ──► RUNNABLE ──(carrier pops it)──► RUNNING ──(returns)──► DONE
+//!                ▲                             │   │
+//!                │ unpark: PARKED → RUNNABLE    │   └─(yield_now)──► RUNNABLE (back of a queue)
+//!                └──────────── PARKED ◄─────────┘ park (the carrier CASes RUNNING → PARKED
+//!                                                  after the switch, so a fiber is never
+//!                                                  resumed while it is still switching out)
+//! ```
+//! `NOTIFIED` is a flag beside the state: an `unpark` that finds the fiber not parked leaves a
+//! token that its next `park` consumes, so no wake-up is lost. See `arch/fiber.md`.
+
+pub(crate) mod builder;
+pub(crate) mod join;
+pub(crate) mod local;
+pub(crate) mod park;
+pub(crate) mod stack;
+
+use std::cell::{Cell, UnsafeCell};
+use std::mem::MaybeUninit;
+use std::panic::Location;
+use std::ptr::NonNull;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU32, AtomicU64, AtomicUsize, Ordering, fence};
+
+use corosensei::{Coroutine, Yielder};
+
+use crate::scheduler::RuntimeRef;
+use stack::{FiberStack, SizeClass};
+
+pub(crate) use join::JoinHandle;
+pub(crate) use park::FiberId;
+
+/// What a fiber asks of its carrier when it switches out.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Suspend {
+    /// Put me at the back of a run queue.
+    Yield,
+    /// Mark me parked unless an unpark already came.
+    Park,
+}
+
+pub(crate) type Co = Coroutine<(), Suspend, (), FiberStack>;
+
+pub(crate) const RUNNING: u32 = 0;
+pub(crate) const RUNNABLE: u32 = 1;
+pub(crate) const PARKED: u32 = 2;
+pub(crate) const DONE: u32 = 3;
+const STATE_MASK: u32 = 3;
+/// The unpark token (see the module doc).
+pub(crate) const NOTIFIED: u32 = 4;
+
+/// A carrier index meaning "not pinned".
+pub(crate) const NO_HOME: usize = usize::MAX;
+
+/// Bytes kept inside the record for the fiber's closure (before it runs) and then its result,
+/// so that a typical spawn allocates nothing. Larger closures or results are boxed.
+pub(crate) const STAGE_BYTES: usize = 48;
+
+/// The closure-then-result slot. 16-aligned so most types fit without a box.
+#[repr(C, align(16))]
+pub(crate) struct StageBuf(pub(crate) [MaybeUninit<u8>; STAGE_BYTES]);
+
+/// How to handle a stage whose types only the spawner knew.
+pub(crate) struct StageVTable {
+    /// Moves the closure out of the stage and builds the coroutine on `stack`.
+    pub(crate) make: unsafe fn(&FiberRecord, FiberStack) -> Co,
+    /// Drops the closure without running it and completes the join with `error`.
+    pub(crate) fail: unsafe fn(&FiberRecord, std::io::Error),
+    /// Drops a result nobody will take. Returns true if it was a panic.
+    pub(crate) drop_result: unsafe fn(&FiberRecord) -> bool,
+}
+
+/// What the stage holds.
+pub(crate) const STAGE_EMPTY: u8 = 0;
+pub(crate) const STAGE_CLOSURE: u8 = 1;
+pub(crate) const STAGE_RESULT: u8 = 2;
+
+/// Everything the runtime knows about one fiber. Records are pooled per runtime and reused:
+/// the fields that describe one fiber are rewritten in `init` while the record is unreachable
+/// (reference count zero, sitting in a pool), so other threads see them only as immutable.
+pub(crate) struct FiberRecord {
+    /// References (`FiberRef`s); at zero the record goes back to its runtime's pool.
+    refs: AtomicUsize,
+    /// State word: `RUNNING | RUNNABLE | PARKED | DONE`, plus the `NOTIFIED` flag.
+    state: AtomicU32,
+    /// The join hand-off (`join.rs`).
+    pub(crate) join: AtomicU8,
+    id: Cell<FiberId>,
+    name: UnsafeCell<Option<Box<str>>>,
+    spawned_at: Cell<&'static Location<'static>>,
+    /// The runtime this fiber belongs to; holds one counted reference while the record is live.
+    runtime: UnsafeCell<Option<RuntimeRef>>,
+    /// The size class of this fiber's stack.
+    class: Cell<&'static SizeClass>,
+    /// The coroutine, built at the first run. Stacks are bound at first run, not at spawn, so
+    /// a queued fiber holds none and a carrier that runs short fibers back to back reuses the
+    /// same few cache-hot stacks (binding at spawn made W1 touch 10,000 cold stack pages per op).
+    co: UnsafeCell<Option<Co>>,
+    pub(crate) stage: UnsafeCell<StageBuf>,
+    pub(crate) stage_kind: Cell<u8>,
+    pub(crate) vtable: Cell<&'static StageVTable>,
+    /// The fiber or thread waiting in `join`.
+    pub(crate) waiter: UnsafeCell<Option<park::Fiber>>,
+    /// The scope this fiber belongs to, told once its result is taken or dropped.
+    pub(crate) scope: UnsafeCell<Option<Arc<crate::scope::ScopeData>>>,
+    /// Set by the fiber itself when it first runs; it lives on the fiber's own stack, whose
+    /// address does not change when the fiber migrates.
+    yielder: Cell<*const Yielder<(), Suspend>>,
+    pub(crate) started: Cell<bool>,
+    /// Carrier this fiber must run on (`pinned`, `pin_started_fibers`), or `NO_HOME`. Written by
+    /// the fiber while running; read by whoever schedules it, after the state word's
+    /// Release/Acquire hand-off.
+    pub(crate) home: AtomicUsize,
+    pub(crate) pin_depth: Cell<u32>,
+    /// Bumped when a timed park ends, so a late timer does not wake a later park. Never reset,
+    /// not even when the record is reused.
+    pub(crate) timer_gen: AtomicU64,
+    /// Set before the runtime's drop unwinds this fiber.
+    pub(crate) cancelled: AtomicBool,
+    pub(crate) locals: local::Locals,
+    /// Spawns since this fiber last yielded, for the fork-yield rule.
+    pub(crate) spawns: Cell<u32>,
+    /// Where this record sits in the runtime's registry of parked fibers, if it does.
+    pub(crate) registry_slot: Cell<Option<(usize, usize)>>,
+}
+
+// SAFETY: the `Coroutine` is `!Send` because the data on its stack may be `!Send`; the runtime
+// moves started fibers between carriers and states that contract in the README's "Soundness"
+// section (no `!Send` value or thread-local borrow is held across a switch point; `pinned` and
+// `pin_started_fibers` give the strict alternative). The `Cell`/`UnsafeCell` fields are touched
+// only by [1] the thread currently running the fiber (exclusive by the state machine: a fiber is
+// RUNNING on one carrier at a time, and every hand-off goes through the state word or a queue,
+// both of which synchronise), [2] `init`, while the record is in no one's hands (refs == 0),
+// [3] the join protocol, whose state word orders `waiter` and `stage` (see `join.rs`), or
+// [4] the runtime's drop after all carriers have stopped. `id`, `name`, `spawned_at`, `class`
+// and `runtime` are written only in [2] and read-only while the record is live.
+unsafe impl Send for FiberRecord {}
+// SAFETY: as above.
+unsafe impl Sync for FiberRecord {}
+
+impl std::fmt::Debug for FiberRecord {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Fiber")
+            .field("id", &self.id())
+            .field("name", &self.name())
+            .field("spawned_at", &self.spawned_at())
+            .field("state", &self.state.load(Ordering::Relaxed))
+            .finish()
+    }
+}
+
+/// Where a spawned fiber's description comes from.
+pub(crate) struct Init {
+    pub(crate) id: FiberId,
+    pub(crate) name: Option<Box<str>>,
+    pub(crate) spawned_at: &'static Location<'static>,
+    pub(crate) runtime: RuntimeRef,
+    pub(crate) class: &'static SizeClass,
+    pub(crate) vtable: &'static StageVTable,
+    pub(crate) scope: Option<Arc<crate::scope::ScopeData>>,
+}
+
+static NO_VTABLE: StageVTable = StageVTable {
+    make: |_, _| unreachable!("an unused record has no closure"),
+    fail: |_, _| {},
+    drop_result: |_| false,
+};
+
+impl FiberRecord {
+    /// A blank record, for a pool that ran dry.
+    pub(crate) fn blank(class: &'static SizeClass) -> NonNull<FiberRecord> {
+        let rec = Box::new(FiberRecord {
+            refs: AtomicUsize::new(0),
+            state: AtomicU32::new(DONE),
+            join: AtomicU8::new(0),
+            id: Cell::new(FiberId::PLACEHOLDER),
+            name: UnsafeCell::new(None),
+            spawned_at: Cell::new(Location::caller()),
+            runtime: UnsafeCell::new(None),
+            class: Cell::new(class),
+            co: UnsafeCell::new(None),
+            stage: UnsafeCell::new(StageBuf([MaybeUninit::uninit(); STAGE_BYTES])),
+            stage_kind: Cell::new(STAGE_EMPTY),
+            vtable: Cell::new(&NO_VTABLE),
+            waiter: UnsafeCell::new(None),
+            scope: UnsafeCell::new(None),
+            yielder: Cell::new(std::ptr::null()),
+            started: Cell::new(false),
+            home: AtomicUsize::new(NO_HOME),
+            pin_depth: Cell::new(0),
+            timer_gen: AtomicU64::new(0),
+            cancelled: AtomicBool::new(false),
+            locals: local::Locals::default(),
+            spawns: Cell::new(0),
+            registry_slot: Cell::new(None),
+        });
+        NonNull::from(Box::leak(rec))
+    }
+
+    /// Prepares an unused record (from a pool or `blank`) for a new fiber and returns the first
+    /// reference to it. The caller then writes the closure into the stage.
+    ///
+    /// # Safety
+    /// `ptr` must be an unused record: reference count zero, owned by the caller.
+    pub(crate) unsafe fn init(ptr: NonNull<FiberRecord>, init: Init) -> FiberRef {
+        // SAFETY: unused and owned by the caller: nobody else looks at it.
+        let r = unsafe { ptr.as_ref() };
+        debug_assert_eq!(r.refs.load(Ordering::Relaxed), 0);
+        r.id.set(init.id);
+        // SAFETY: as above, exclusive.
+        unsafe {
+            *r.name.get() = init.name;
+            *r.runtime.get() = Some(init.runtime);
+            *r.scope.get() = init.scope;
+        }
+        r.spawned_at.set(init.spawned_at);
+        r.class.set(init.class);
+        r.vtable.set(init.vtable);
+        r.state.store(RUNNABLE, Ordering::Relaxed);
+        r.join.store(0, Ordering::Relaxed);
+        r.started.set(false);
+        r.home.store(NO_HOME, Ordering::Relaxed);
+        r.pin_depth.set(0);
+        r.cancelled.store(false, Ordering::Relaxed);
+        r.spawns.set(0);
+        r.yielder.set(std::ptr::null());
+        r.refs.store(1, Ordering::Relaxed);
+        FiberRef(ptr)
+    }
+
+    pub(crate) fn id(&self) -> FiberId {
+        self.id.get()
+    }
+
+    pub(crate) fn name(&self) -> Option<&str> {
+        // SAFETY: written only while the record is unused; read-only while live.
+        unsafe { (*self.name.get()).as_deref() }
+    }
+
+    pub(crate) fn spawned_at(&self) -> &'static Location<'static> {
+        self.spawned_at.get()
+    }
+
+    pub(crate) fn runtime(&self) -> &RuntimeRef {
+        // SAFETY: set in `init` and cleared only when the record is unused.
+        unsafe { (*self.runtime.get()).as_ref() }.expect("a live fiber belongs to a runtime")
+    }
+
+    pub(crate) fn class(&self) -> &'static SizeClass {
+        self.class.get()
+    }
+
+    /// Builds the coroutine on `stack` at the fiber's first run; or, when `stack` is an error,
+    /// drops the closure and completes the fiber's join with that error. Returns false then.
+    ///
+    /// # Safety
+    /// As for [`co_mut`](Self::co_mut).
+    pub(crate) unsafe fn bind(&self, stack: std::io::Result<FiberStack>) -> bool {
+        debug_assert_eq!(self.stage_kind.get(), STAGE_CLOSURE);
+        match stack {
+            Ok(stack) => {
+                // SAFETY: the stage holds this vtable's closure, consumed once, here.
+                let co = unsafe { (self.vtable.get().make)(self, stack) };
+                // SAFETY: exclusive access (the caller's precondition).
+                unsafe { *self.co_mut() = Some(co) };
+                true
+            }
+            Err(e) => {
+                // SAFETY: as above.
+                unsafe { (self.vtable.get().fail)(self, e) };
+                false
+            }
+        }
+    }
+
+    /// # Safety
+    /// The caller has exclusive access to the fiber: it is about to be queued for the first
+    /// time, or the caller is the carrier that popped it.
+    #[allow(clippy::mut_from_ref)] // exclusive access is the caller's documented precondition
+    pub(crate) unsafe fn co_mut(&self) -> &mut Option<Co> {
+        // SAFETY: exclusivity is the caller's precondition.
+        unsafe { &mut *self.co.get() }
+    }
+
+    pub(crate) fn set_yielder(&self, y: &Yielder<(), Suspend>) {
+        self.yielder.set(y);
+    }
+
+    /// Switches out to the carrier. Must be called by the fiber itself, while it runs.
+    #[inline(never)]
+    pub(crate) fn suspend(&self, why: Suspend) {
+        let y = self.yielder.get();
+        debug_assert!(!y.is_null(), "suspend before the fiber started");
+        // SAFETY: the yielder lives on this fiber's own stack for the fiber's whole life and
+        // was stored by the fiber when it started; we are that fiber (precondition), so the
+        // yielder is live and belongs to the coroutine now running.
+        unsafe { (*y).suspend(why) }
+    }
+
+    pub(crate) fn state(&self) -> u32 {
+        self.state.load(Ordering::Acquire) & STATE_MASK
+    }
+
+    /// Carrier side: the fiber was popped from a queue and is about to run. Keeps the token.
+    pub(crate) fn set_running(&self) {
+        // Acquire pairs with the Release of whoever made it runnable (unpark's CAS or the
+        // park CAS of the previous carrier), so its stack is visible here.
+        self.state.fetch_and(NOTIFIED, Ordering::Acquire);
+    }
+
+    /// Carrier side, after the fiber switched out with `Suspend::Yield`.
+    pub(crate) fn set_runnable(&self) {
+        self.state.fetch_or(RUNNABLE, Ordering::Release);
+    }
+
+    /// Carrier side, after the fiber switched out with `Suspend::Park`. Returns false when a
+    /// token was waiting: the token is consumed and the fiber must be resumed again.
+    pub(crate) fn try_set_parked(&self) -> bool {
+        // Release pairs with unpark's Acquire CAS: the next carrier to run this fiber sees
+        // everything it wrote before parking.
+        match self.state.compare_exchange(RUNNING, PARKED, Ordering::Release, Ordering::Relaxed) {
+            Ok(_) => true,
+            Err(_) => {
+                self.state.store(RUNNING, Ordering::Relaxed);
+                false
+            }
+        }
+    }
+
+    pub(crate) fn set_done(&self) {
+        self.state.store(DONE, Ordering::Release);
+    }
+
+    /// Fiber side: consumes the token if there is one.
+    pub(crate) fn take_token(&self) -> bool {
+        self.state.compare_exchange(RUNNING | NOTIFIED, RUNNING, Ordering::Acquire, Ordering::Relaxed).is_ok()
+    }
+
+    /// Makes the fiber runnable if it is parked, or leaves a token. Returns true when the
+    /// caller must schedule it (the PARKED → RUNNABLE transition is the caller's to finish).
+    pub(crate) fn notify(&self) -> bool {
+        let mut s = self.state.load(Ordering::Relaxed);
+        loop {
+            let next = match s & STATE_MASK {
+                PARKED => RUNNABLE,
+                DONE => return false,
+                _ if s & NOTIFIED != 0 => return false,
+                _ => s | NOTIFIED,
+            };
+            // AcqRel: Acquire pairs with `try_set_parked`'s Release (the parked fiber's writes),
+            // Release publishes the caller's writes (the message it is waking the fiber for).
+            match self.state.compare_exchange_weak(s, next, Ordering::AcqRel, Ordering::Relaxed) {
+                Ok(_) => return next == RUNNABLE,
+                Err(actual) => s = actual,
+            }
+        }
+    }
+
+    /// The last reference is gone: clear what described this fiber and hand the record back
+    /// to its runtime's pool.
+    fn recycle(&self, ptr: NonNull<FiberRecord>) {
+        // SAFETY: no references remain: we have exclusive access.
+        unsafe {
+            if let Some(co) = (*self.co.get()).take() {
+                // Only a fiber that could not be unwound keeps its coroutine this long; its
+                // stack may still be in use by frames that never returned.
+                std::mem::forget(co);
+            }
+            if self.stage_kind.get() == STAGE_RESULT {
+                (self.vtable.get().drop_result)(self);
+            }
+            *self.name.get() = None;
+            *self.waiter.get() = None;
+            *self.scope.get() = None;
+        }
+        self.vtable.set(&NO_VTABLE);
+        // SAFETY: exclusive, as above.
+        let rt = unsafe { (*self.runtime.get()).take() }.expect("a live fiber belongs to a runtime");
+        // The pool belongs to the runtime, which our reference keeps alive until the end.
+        crate::scheduler::recycle_record(&rt, ptr);
+        drop(rt);
+    }
+}
+
+/// A counted reference to a [`FiberRecord`] (the runtime's own `Arc`, so that the last drop
+/// recycles the record instead of freeing it).
+pub(crate) struct FiberRef(NonNull<FiberRecord>);
+
+// SAFETY: `FiberRecord` is `Send + Sync` (see its impls); the count keeps it alive.
+unsafe impl Send for FiberRef {}
+// SAFETY: as above.
+unsafe impl Sync for FiberRef {}
+
+impl FiberRef {
+    pub(crate) fn as_ptr(this: &FiberRef) -> *const FiberRecord {
+        this.0.as_ptr()
+    }
+
+    /// Takes a new reference to the record at `ptr`.
+    ///
+    /// # Safety
+    /// `ptr` must point to a live record (someone holds a reference for the duration).
+    pub(crate) unsafe fn clone_from_ptr(ptr: *const FiberRecord) -> FiberRef {
+        // SAFETY: live by the caller's guarantee.
+        let r = unsafe { &*ptr };
+        r.refs.fetch_add(1, Ordering::Relaxed);
+        FiberRef(NonNull::from(r))
+    }
+}
+
+impl Clone for FiberRef {
+    fn clone(&self) -> FiberRef {
+        // Relaxed, as `Arc::clone`: a new reference is made from an existing one.
+        self.refs.fetch_add(1, Ordering::Relaxed);
+        FiberRef(self.0)
+    }
+}
+
+impl std::ops::Deref for FiberRef {
+    type Target = FiberRecord;
+    fn deref(&self) -> &FiberRecord {
+        // SAFETY: the count keeps the record live and not reused while `self` exists.
+        unsafe { self.0.as_ref() }
+    }
+}
+
+impl Drop for FiberRef {
+    fn drop(&mut self) {
+        // Release/Acquire as in `Arc::drop`: every use happens before the record is reused.
+        if self.refs.fetch_sub(1, Ordering::Release) == 1 {
+            fence(Ordering::Acquire);
+            self.recycle(self.0);
+        }
+    }
+}
+
+impl std::fmt::Debug for FiberRef {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        (**self).fmt(f)
+    }
+}
+
+const fn fits_inline<X>() -> bool {
+    std::mem::size_of::<X>() <= STAGE_BYTES && std::mem::align_of::<X>() <= 16
+}
+
+impl FiberRecord {
+    /// Puts `x` in the stage (inline if it fits, else boxed) and records what it is.
+    ///
+    /// # Safety
+    /// The stage must be empty, and the caller must have exclusive access to it (by the
+    /// protocol of whoever calls: spawn before queuing, the fiber itself before completing).
+    pub(crate) unsafe fn put_stage<X>(&self, x: X, kind: u8) {
+        debug_assert_eq!(self.stage_kind.get(), STAGE_EMPTY);
+        let buf = self.stage.get().cast::<u8>();
+        if fits_inline::<X>() {
+            // SAFETY: the buffer is large and aligned enough for X (checked above) and empty.
+            unsafe { buf.cast::<X>().write(x) };
+        } else {
+            // SAFETY: a pointer always fits; the buffer is empty.
+            unsafe { buf.cast::<*mut X>().write(Box::into_raw(Box::new(x))) };
+        }
+        self.stage_kind.set(kind);
+    }
+
+    /// Takes back what `put_stage::<X>` stored.
+    ///
+    /// # Safety
+    /// The stage must hold an `X` put there by `put_stage::<X>`, and the caller must have
+    /// exclusive access to it.
+    pub(crate) unsafe fn take_stage<X>(&self) -> X {
+        debug_assert_ne!(self.stage_kind.get(), STAGE_EMPTY);
+        self.stage_kind.set(STAGE_EMPTY);
+        let buf = self.stage.get().cast::<u8>();
+        if fits_inline::<X>() {
+            // SAFETY: an X was written here by `put_stage` and is moved out exactly once.
+            unsafe { buf.cast::<X>().read() }
+        } else {
+            // SAFETY: a `Box<X>` pointer was written here by `put_stage`.
+            *unsafe { Box::from_raw(buf.cast::<*mut X>().read()) }
+        }
+    }
+}

@@ -1,0 +1,257 @@
+//! The one door to blocking: `park`/`unpark`, `yield_now`, `sleep`, and the `Fiber` handle.
+//!
+//! Inside a fiber these switch to the carrier, which runs other fibers meanwhile; on a plain
+//! OS thread they fall back to `std::thread`'s, so code written against them works in both.
+//! Semantics are `std::thread::park`'s: one token, an `unpark` before the `park` is not lost,
+//! and a `park` may return spuriously, so callers loop on their condition.
+//!
+//! A fiber never switches out while it is unwinding (`std::thread::panicking()`): std keeps
+//! the panic count per OS thread, and another fiber on the same carrier would see it. Such a
+//! park waits on the carrier thread instead (the supervisor compensates for a long wait).
+
+use std::fmt;
+use std::num::NonZeroU64;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use super::{FiberRecord, FiberRef, Suspend};
+use crate::runtime::context;
+
+/// A fiber's identifier: unique for the life of the process, never reused, and ordered by
+/// creation within each carrier's block of ids (blocks are handed out in increasing order).
+/// Plain OS threads that call [`current`](crate::current) get one too.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct FiberId(NonZeroU64);
+
+impl FiberId {
+    /// Stands in an unused record; never handed out (ids start at 1, this is `u64::MAX`).
+    pub(crate) const PLACEHOLDER: FiberId = FiberId(NonZeroU64::MAX);
+
+    /// The id as a number, e.g. for logs.
+    pub fn as_u64(self) -> u64 {
+        self.0.get()
+    }
+}
+
+impl fmt::Debug for FiberId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "FiberId({})", self.0)
+    }
+}
+
+impl fmt::Display for FiberId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.0)
+    }
+}
+
+/// Ids are handed out in blocks so that spawning touches no counter shared by all carriers.
+pub(crate) const ID_BLOCK: u64 = 1024;
+static NEXT_ID_BLOCK: AtomicU64 = AtomicU64::new(1);
+
+/// Reserves a block of ids `[start, start + ID_BLOCK)`.
+pub(crate) fn reserve_ids() -> (u64, u64) {
+    let start = NEXT_ID_BLOCK.fetch_add(ID_BLOCK, Ordering::Relaxed);
+    (start, start + ID_BLOCK)
+}
+
+/// Takes the next id from a block, refilling it when it runs out.
+pub(crate) fn next_id(block: &mut (u64, u64)) -> FiberId {
+    if block.0 == block.1 {
+        *block = reserve_ids();
+    }
+    let id = block.0;
+    block.0 += 1;
+    FiberId(NonZeroU64::new(id).expect("ids start at 1"))
+}
+
+/// A handle to a fiber (or to a plain OS thread that asked for [`current`]): its id, its name,
+/// and [`unpark`](Fiber::unpark). Cheap to clone; `Send + Sync`.
+#[derive(Clone)]
+pub struct Fiber {
+    inner: Inner,
+}
+
+#[derive(Clone)]
+enum Inner {
+    Fiber(FiberRef),
+    Thread(std::thread::Thread, FiberId),
+}
+
+impl Fiber {
+    pub(crate) fn from_record(rec: FiberRef) -> Fiber {
+        Fiber { inner: Inner::Fiber(rec) }
+    }
+
+    /// This fiber's id.
+    pub fn id(&self) -> FiberId {
+        match &self.inner {
+            Inner::Fiber(r) => r.id(),
+            Inner::Thread(_, id) => *id,
+        }
+    }
+
+    /// The name given by [`Builder::name`](crate::Builder::name), or the thread's name.
+    pub fn name(&self) -> Option<&str> {
+        match &self.inner {
+            Inner::Fiber(r) => r.name(),
+            Inner::Thread(t, _) => t.name(),
+        }
+    }
+
+    /// Makes the fiber's token available: if it is parked it becomes runnable, otherwise its
+    /// next `park` returns at once. Called from a fiber, the woken fiber runs next on the
+    /// caller's carrier (a direct hand-off that keeps caches warm).
+    pub fn unpark(&self) {
+        match &self.inner {
+            Inner::Fiber(r) => unpark_record(r),
+            Inner::Thread(t, _) => t.unpark(),
+        }
+    }
+
+    pub(crate) fn record(&self) -> Option<&FiberRef> {
+        match &self.inner {
+            Inner::Fiber(r) => Some(r),
+            Inner::Thread(..) => None,
+        }
+    }
+}
+
+impl fmt::Debug for Fiber {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Fiber").field("id", &self.id()).field("name", &self.name()).finish()
+    }
+}
+
+pub(crate) fn unpark_record(r: &FiberRef) {
+    if r.notify() {
+        crate::scheduler::schedule(r.clone(), crate::scheduler::Wake::Unpark);
+    }
+}
+
+/// The calling fiber, or the calling thread when it is not a fiber.
+pub fn current() -> Fiber {
+    let rec = context::current_fiber();
+    if rec.is_null() {
+        let id = context::with_plain(|p| {
+            if p.id == 0 {
+                p.id = next_id(&mut p.ids).as_u64();
+            }
+            p.id
+        });
+        let id = FiberId(NonZeroU64::new(id).expect("ids start at 1"));
+        return Fiber { inner: Inner::Thread(std::thread::current(), id) };
+    }
+    // SAFETY: `current_fiber` returned the record of the fiber running on this thread; the
+    // carrier holds a reference to it while the fiber runs, so it is live.
+    let rec = unsafe { FiberRef::clone_from_ptr(rec) };
+    Fiber::from_record(rec)
+}
+
+/// The running fiber's record, or `None` on a plain thread. Valid until the next switch point,
+/// but the record itself lives at least as long as the fiber runs.
+fn running() -> Option<&'static FiberRecord> {
+    let rec = context::current_fiber();
+    // SAFETY: see `current`: the record outlives the fiber's run, and callers use the
+    // reference only while the fiber runs (the 'static is a local convenience, never stored).
+    (!rec.is_null()).then(|| unsafe { &*rec })
+}
+
+/// Blocks the calling fiber until its token is available (see [`Fiber::unpark`]); may return
+/// spuriously. On a plain thread this is `std::thread::park`.
+pub fn park() {
+    match running() {
+        Some(rec) => park_fiber(rec, None),
+        None => std::thread::park(),
+    }
+}
+
+/// Like [`park`], but returns after `dur` at the latest.
+pub fn park_timeout(dur: Duration) {
+    match running() {
+        Some(rec) => park_fiber(rec, Instant::now().checked_add(dur)),
+        None => std::thread::park_timeout(dur),
+    }
+}
+
+#[inline(never)]
+fn park_fiber(rec: &FiberRecord, deadline: Option<Instant>) {
+    if rec.take_token() {
+        return;
+    }
+    if !context::cancelling().is_null() {
+        // The runtime is being dropped and is unwinding this fiber on a plain thread: nothing
+        // will ever run it again, so a park returns (spuriously) at once.
+        return;
+    }
+    if std::thread::panicking() {
+        park_unwinding(rec, deadline);
+        return;
+    }
+    if let Some(d) = deadline {
+        crate::time::arm_timer(rec, d);
+    }
+    rec.suspend(Suspend::Park);
+    if deadline.is_some() {
+        // Disarm: a timer that fires now must not wake a later park.
+        rec.timer_gen.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// A park while the fiber unwinds: wait on this carrier thread without switching.
+#[cold]
+fn park_unwinding(rec: &FiberRecord, deadline: Option<Instant>) {
+    let mut pause = Duration::from_micros(10);
+    while !rec.take_token() {
+        if deadline.is_some_and(|d| Instant::now() >= d) {
+            return;
+        }
+        std::thread::sleep(pause);
+        pause = (pause * 2).min(Duration::from_millis(1));
+    }
+}
+
+/// Lets other fibers run: the calling fiber goes to the back of its carrier's run queue.
+/// On a plain thread this is `std::thread::yield_now`.
+pub fn yield_now() {
+    match running() {
+        Some(rec) if !std::thread::panicking() && context::cancelling().is_null() => {
+            rec.spawns.set(0);
+            rec.suspend(Suspend::Yield);
+        }
+        Some(_) => {}
+        None => std::thread::yield_now(),
+    }
+}
+
+/// Puts the calling fiber to sleep for at least `dur`; its carrier runs other fibers meanwhile.
+/// On a plain thread this is `std::thread::sleep`.
+pub fn sleep(dur: Duration) {
+    if running().is_none() {
+        std::thread::sleep(dur);
+        return;
+    }
+    let Some(deadline) = Instant::now().checked_add(dur) else {
+        loop {
+            park();
+        }
+    };
+    sleep_until(deadline);
+}
+
+/// Puts the calling fiber to sleep until `deadline`.
+pub fn sleep_until(deadline: Instant) {
+    loop {
+        let now = Instant::now();
+        if now >= deadline {
+            return;
+        }
+        match running() {
+            Some(rec) => park_fiber(rec, Some(deadline)),
+            None => std::thread::sleep(deadline - now),
+        }
+        if !context::cancelling().is_null() {
+            return;
+        }
+    }
+}

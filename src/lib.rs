@@ -1,0 +1,48 @@
+//! Loom-style virtual threads for Rust: write plain blocking code — spawn, join, sleep, locks,
+//! channels — and run a million such "threads" on a few OS threads, without async/await.
+//!
+//! ```
+//! use virtual_threads as vt;
+//!
+//! let handles: Vec<_> = (0..1000u64).map(|i| vt::spawn(move || i * 2)).collect();
+//! let sum: u64 = handles.into_iter().map(|h| h.join().unwrap()).sum();
+//! assert_eq!(sum, 999 * 1000);
+//! ```
+//!
+//! # Glossary
+//! - **Fiber**: a virtual thread; a stackful coroutine with its own small stack (64 KiB of
+//!   reserved address space by default, of which it uses only the pages it touches).
+//! - **Carrier**: an OS thread that runs fibers, one per usable CPU, pinned to it.
+//! - **Injector**: the sharded queue through which work enters from outside the carriers.
+//! - **Supervisor**: the thread that notices carriers stuck in the OS and compensates.
+//!
+//! Every blocking call of this crate parks the *fiber*, never the carrier; called from a plain
+//! OS thread it blocks that thread, so the same code works in both.
+//!
+//! # Soundness: fibers migrate between carriers
+//! A fiber may resume on a different OS thread after any switch point (`park`, `yield_now`,
+//! `sleep`, `join`, a lock or channel wait). So **do not hold a `!Send` value (an `Rc`, a
+//! `std::sync::MutexGuard`, a `RefCell` borrow of a thread-local) or a reference obtained from a
+//! `thread_local!` across a switch point**. Use [`fiber_local!`] instead of `thread_local!`,
+//! [`sync::Mutex`] instead of `std::sync::Mutex` across waits, [`pinned`] for a section that
+//! must stay on one carrier, or `runtime::Builder::pin_started_fibers(true)` for the whole
+//! runtime. See the README's "Soundness" section and `arch/decisions/0001-migration-and-thread-locals.md`.
+//!
+//! The design is documented in `arch/` (start with `arch/overview.md`).
+
+#![warn(missing_docs, unreachable_pub)]
+
+mod fiber;
+mod platform;
+pub mod runtime;
+mod scheduler;
+mod scope;
+mod time;
+
+pub use fiber::builder::{Builder, spawn};
+pub use fiber::join::JoinHandle;
+pub use fiber::local::LocalKey;
+pub use fiber::park::{Fiber, FiberId, current, park, park_timeout, sleep, sleep_until, yield_now};
+pub use fiber::stack::{DEFAULT_STACK_SIZE, MAX_STACK_SIZE, MIN_STACK_SIZE};
+pub use runtime::{Handle, Runtime};
+pub use scope::{Scope, ScopedJoinHandle, blocking, join, pinned, scope};

@@ -1,0 +1,18 @@
+//! The validated, plain-data settings of a runtime (built by `runtime::Builder`).
+
+use std::time::Duration;
+
+#[derive(Clone, Debug)]
+#[allow(dead_code)] // `max_carriers`, `fiber_roots`, `supervisor_interval`: read by the supervisor and dumps
+pub(crate) struct Config {
+    pub(crate) carriers: usize,
+    pub(crate) max_carriers: usize,
+    pub(crate) pin_carriers: bool,
+    pub(crate) pin_started_fibers: bool,
+    /// Usable bytes per stack, rounded to whole pages.
+    pub(crate) stack_size: usize,
+    pub(crate) fiber_roots: bool,
+    pub(crate) supervisor_interval: Duration,
+    pub(crate) thread_name: String,
+    pub(crate) fork_yield: u32,
+}

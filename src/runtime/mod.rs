@@ -1,0 +1,288 @@
+//! `Runtime` and `Handle`: start carriers, run fibers to completion, stop and clean up.
+//!
+//! A runtime is its `Shared` scheduler state plus the carrier threads. Dropping it stops the
+//! carriers, then unwinds every fiber that has not finished (parked, queued, or never started)
+//! on the dropping thread, so their destructors run and joiners get an error instead of
+//! waiting for ever. See `arch/overview.md`.
+
+pub mod builder;
+pub(crate) mod config;
+pub(crate) mod context;
+
+use std::fmt;
+use std::io;
+use std::panic::{AssertUnwindSafe, Location, catch_unwind, resume_unwind};
+use std::sync::OnceLock;
+use std::sync::atomic::Ordering;
+use std::thread;
+
+use crossbeam_deque::Worker;
+
+pub use builder::Builder;
+use config::Config;
+
+use crate::fiber::builder::Builder as FiberBuilder;
+use crate::fiber::{DONE, FiberRef, JoinHandle};
+use crate::scheduler::carrier::Carrier;
+use crate::scheduler::{RuntimeRef, Shared};
+
+/// A set of carrier threads running fibers. See the crate docs for an overview.
+pub struct Runtime {
+    handle: Handle,
+    carriers: Vec<thread::JoinHandle<()>>,
+}
+
+/// A cheap, cloneable, `Send + Sync` reference to a runtime, for spawning onto it from
+/// anywhere. It keeps the runtime's bookkeeping alive, not its carriers: once the `Runtime`
+/// is dropped, fibers spawned through a handle never run (joining them returns an error).
+#[derive(Clone)]
+pub struct Handle {
+    rt: RuntimeRef,
+}
+
+impl Runtime {
+    /// A runtime with the default settings (see [`Builder::new`]).
+    pub fn new() -> io::Result<Runtime> {
+        Builder::new().build()
+    }
+
+    /// Settings for a new runtime.
+    pub fn builder() -> Builder {
+        Builder::new()
+    }
+
+    fn start(config: Config) -> io::Result<Runtime> {
+        static RLIMIT: OnceLock<()> = OnceLock::new();
+        RLIMIT.get_or_init(crate::platform::raise_nofile_limit);
+
+        let n = config.carriers;
+        let workers: Vec<Worker<FiberRef>> = (0..n).map(|_| Worker::new_fifo()).collect();
+        let stealers = workers.iter().map(Worker::stealer).collect();
+        let cores =
+            if config.pin_carriers { core_affinity::get_core_ids().unwrap_or_default() } else { Vec::new() };
+        let name = config.thread_name.clone();
+        let rt = RuntimeRef::new(Shared::new(config, stealers));
+        let mut runtime = Runtime { handle: Handle { rt: rt.clone() }, carriers: Vec::with_capacity(n) };
+        for (i, worker) in workers.into_iter().enumerate() {
+            let core = (!cores.is_empty()).then(|| cores[i % cores.len()]);
+            let rt = rt.clone();
+            let t = thread::Builder::new().name(format!("{name}-{i}")).spawn(move || {
+                if let Some(core) = core {
+                    // Not fatal: a carrier that cannot be pinned still runs fibers.
+                    let _ = core_affinity::set_for_current(core);
+                }
+                rt.slots[i].thread.get_or_init(thread::current);
+                Carrier::run(i, rt, worker);
+            });
+            match t {
+                Ok(t) => runtime.carriers.push(t),
+                // Dropping `runtime` stops the carriers already started.
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(runtime)
+    }
+
+    /// Runs `f` as a fiber on this runtime and waits for it, blocking the calling thread (or
+    /// parking the calling fiber). `f` may borrow from the caller. A panic in `f` is resumed
+    /// in the caller.
+    #[track_caller]
+    pub fn block_on<F, T>(&self, f: F) -> T
+    where
+        F: FnOnce() -> T + Send,
+        T: Send,
+    {
+        self.handle.block_on(f)
+    }
+
+    /// Spawns a fiber on this runtime.
+    #[track_caller]
+    pub fn spawn<F, T>(&self, f: F) -> JoinHandle<T>
+    where
+        F: FnOnce() -> T + Send + 'static,
+        T: Send + 'static,
+    {
+        self.handle.spawn(f)
+    }
+
+    /// A handle to this runtime.
+    pub fn handle(&self) -> Handle {
+        self.handle.clone()
+    }
+
+    /// The number of carriers this runtime was built with.
+    pub fn carriers(&self) -> usize {
+        self.handle.rt.config.carriers
+    }
+}
+
+impl Handle {
+    /// Spawns a fiber on the runtime.
+    ///
+    /// # Panics
+    /// If no stack can be allocated (see [`crate::Builder::spawn_on`] for the `io::Error`).
+    #[track_caller]
+    pub fn spawn<F, T>(&self, f: F) -> JoinHandle<T>
+    where
+        F: FnOnce() -> T + Send + 'static,
+        T: Send + 'static,
+    {
+        let at = Location::caller();
+        // SAFETY: `F` and `T` are 'static.
+        match unsafe { FiberBuilder::new().spawn_unchecked_at(&self.rt, f, at, None) } {
+            Ok(h) => h,
+            Err(e) => panic!("failed to spawn fiber: {e}"),
+        }
+    }
+
+    /// See [`Runtime::block_on`].
+    #[track_caller]
+    pub fn block_on<F, T>(&self, f: F) -> T
+    where
+        F: FnOnce() -> T + Send,
+        T: Send,
+    {
+        let at = Location::caller();
+        // SAFETY: we join the fiber before returning, on every path (`join` reports a panic
+        // as `Err` rather than unwinding), so what `f` borrows outlives it.
+        let h = match unsafe { FiberBuilder::new().spawn_unchecked_at(&self.rt, f, at, None) } {
+            Ok(h) => h,
+            Err(e) => panic!("failed to spawn fiber: {e}"),
+        };
+        match h.join() {
+            Ok(v) => v,
+            Err(p) => resume_unwind(p),
+        }
+    }
+
+    pub(crate) fn runtime(&self) -> &RuntimeRef {
+        &self.rt
+    }
+}
+
+impl fmt::Debug for Runtime {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Runtime").field("carriers", &self.carriers()).finish_non_exhaustive()
+    }
+}
+
+impl fmt::Debug for Handle {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Handle").field("carriers", &self.rt.config.carriers).finish_non_exhaustive()
+    }
+}
+
+impl Drop for Runtime {
+    fn drop(&mut self) {
+        let rt = &self.handle.rt;
+        let me = context::carrier();
+        // SAFETY: a non-null carrier pointer is this thread's live carrier.
+        if !me.is_null() && std::ptr::eq(unsafe { (*me).shared() }, rt.ptr()) {
+            // Joining our own carrier thread would never return, and unwinding the fiber that
+            // is running this drop would pull the stack from under it.
+            eprintln!("virtual-threads: a Runtime was dropped from one of its own fibers; leaking it");
+            rt.shutdown.store(true, Ordering::Release);
+            return;
+        }
+        rt.shutdown.store(true, Ordering::Release);
+        for i in 0..rt.slots.len() {
+            rt.unpark_carrier(i);
+        }
+        for t in self.carriers.drain(..) {
+            let _ = t.join();
+        }
+        cancel_all(rt);
+    }
+}
+
+/// Unwinds every fiber that has not finished. Cancelling one may wake or spawn others (its
+/// destructors run), so repeat until nothing is left.
+fn cancel_all(rt: &Shared) {
+    loop {
+        let mut batch = rt.registry.drain();
+        while let Some(f) = rt.injector.pop_any() {
+            batch.push(f);
+        }
+        for slot in rt.slots.iter() {
+            batch.extend(slot.inbox.lock().unwrap_or_else(|e| e.into_inner()).drain(..));
+            slot.inbox_len.store(0, Ordering::Relaxed);
+        }
+        if batch.is_empty() {
+            break;
+        }
+        for f in batch {
+            cancel(f);
+        }
+    }
+    for slot in rt.slots.iter() {
+        // Timer entries hold records, which hold the runtime: break the cycle.
+        slot.timers.lock().unwrap_or_else(|e| e.into_inner()).clear();
+        slot.next_deadline.store(u64::MAX, Ordering::Relaxed);
+    }
+}
+
+fn cancel(f: FiberRef) {
+    if f.state() == DONE {
+        return;
+    }
+    f.cancelled.store(true, Ordering::Release);
+    context::set_cancelling(FiberRef::as_ptr(&f));
+    // SAFETY: every carrier has stopped, and a fiber appears in at most one of the registry
+    // and the queues (a parked fiber is not queued; a queued one was taken out of the
+    // registry's view by being runnable), so this thread has exclusive access.
+    let slot = unsafe { f.co_mut() };
+    if !f.started.replace(true) {
+        // Never ran: bind a stack so its body can drop the closure (destructors run in fiber
+        // context) and complete its packet; without a stack, `bind` completes it with the error.
+        // SAFETY: exclusive access, as above.
+        unsafe { f.bind(f.class().take()) };
+    } else if let Some(co) = slot.as_mut() {
+        // Resumes the fiber with corosensei's unwind payload; the fiber's body catches it
+        // (after every destructor on the way ran), completes its packet and returns.
+        if catch_unwind(AssertUnwindSafe(|| co.force_unwind())).is_err() {
+            eprintln!("virtual-threads: a fiber panicked while being cancelled by its runtime's drop");
+        }
+    }
+    if let Some(co) = slot.as_mut().filter(|co| !co.done()) {
+        // Bound but not started: its body sees `cancelled` and only drops the closure.
+        if catch_unwind(AssertUnwindSafe(|| co.resume(()))).is_err() {
+            eprintln!("virtual-threads: a fiber panicked while being cancelled by its runtime's drop");
+        }
+    }
+    context::set_cancelling(std::ptr::null());
+    if let Some(co) = slot.take() {
+        if co.done() {
+            drop(co.into_stack());
+        } else {
+            // It could not be unwound (it caught the unwind and kept parking): leaking its
+            // stack is the only sound choice left.
+            std::mem::forget(co);
+        }
+    }
+    f.set_done();
+}
+
+/// The process-wide default runtime, started on first use (by `vt::spawn` and friends called
+/// from a plain thread). `VT_CARRIERS` in the environment sets its carrier count.
+pub(crate) fn default_runtime() -> &'static Runtime {
+    static DEFAULT: OnceLock<Runtime> = OnceLock::new();
+    DEFAULT.get_or_init(|| {
+        let mut b = Builder::new().thread_name("vt-default");
+        if let Some(n) = std::env::var("VT_CARRIERS").ok().and_then(|v| v.trim().parse().ok()) {
+            b = b.carriers(n);
+        }
+        b.build().unwrap_or_else(|e| panic!("cannot start the default virtual-threads runtime: {e}"))
+    })
+}
+
+/// Runs `f` with the runtime of the calling fiber, or the default runtime on a plain thread.
+/// The reference is valid only until `f`'s first switch point that follows its last use.
+pub(crate) fn with_current_runtime<R>(f: impl FnOnce(&RuntimeRef) -> R) -> R {
+    let c = context::carrier();
+    if !c.is_null() {
+        // SAFETY: a non-null carrier pointer is this thread's live carrier, which lives until
+        // its runtime shuts down, after every fiber on it has stopped running.
+        return f(unsafe { (*c).runtime_ref() });
+    }
+    f(default_runtime().handle.runtime())
+}

@@ -1,0 +1,504 @@
+//! A carrier: one OS thread that runs fibers, pinned to a CPU.
+//!
+//! The carrier owns its hot state (`Carrier`, on its own thread's stack, reached by fibers only
+//! through `runtime::context`): the local deque, the LIFO slot, a stack cache, a block of fiber
+//! ids and a stock of runtime references. Everything here is touched by this thread alone; what
+//! other threads need is in `CarrierSlot`. Every field uses interior mutability because fibers
+//! running on this carrier reach it too, through a shared reference, between switch points.
+//!
+//! The loop is split into named steps: `next_local` → `find_work` → `park_idle`, and
+//! `run_fiber` → `after_park`/`finish`. See `arch/scheduler.md`.
+
+use std::cell::{Cell, UnsafeCell};
+use std::io;
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::ptr::NonNull;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use corosensei::CoroutineResult;
+use crossbeam_deque::{Steal, Worker};
+
+use super::{RECORD_CACHE, RuntimeRef, STOCK_BATCH, Shared, Wake};
+use crate::fiber::park::{self as fpark, FiberId};
+use crate::fiber::stack::{FiberStack, SizeClass};
+use crate::fiber::{FiberRecord, FiberRef, NO_HOME, Suspend};
+use crate::runtime::context;
+
+/// Local deque capacity before half of it spills to the injector (crossbeam's deque grows
+/// without bound, so the cap is ours; 256 as in Go and tokio).
+const LOCAL_CAP: usize = 256;
+/// Fibers taken from the LIFO slot in a row before the deque gets a turn (tokio: 3).
+const MAX_LIFO_STREAK: u32 = 3;
+/// Every this many ticks the inbox, the injector and the timers go first, so they never starve
+/// behind a busy local queue (Go and tokio: 61, a prime that avoids lock-step patterns).
+const GLOBAL_CHECK_INTERVAL: u32 = 61;
+/// Stacks a carrier keeps for itself before handing half back to the shared pool.
+const STACK_CACHE: usize = 64;
+/// Rounds of re-searching before a carrier without work parks its thread.
+const SPIN_ROUNDS: u32 = 8;
+/// Most references a carrier keeps in stock.
+const MAX_STOCK: usize = 4 * STOCK_BATCH;
+
+pub(crate) struct Carrier {
+    index: usize,
+    rt: RuntimeRef,
+    worker: Worker<FiberRef>,
+    lifo: Cell<Option<FiberRef>>,
+    lifo_streak: Cell<u32>,
+    tick: Cell<u32>,
+    rng: Cell<u64>,
+    stacks: UnsafeCell<Vec<FiberStack>>,
+    records: UnsafeCell<Vec<NonNull<FiberRecord>>>,
+    ids: Cell<(u64, u64)>,
+    stock: Cell<usize>,
+    searching: Cell<bool>,
+    current: Cell<*const FiberRecord>,
+    progress: Cell<u64>,
+}
+
+impl Carrier {
+    /// The carrier thread's body.
+    pub(crate) fn run(index: usize, rt: RuntimeRef, worker: Worker<FiberRef>) {
+        let c = Carrier {
+            index,
+            worker,
+            lifo: Cell::new(None),
+            lifo_streak: Cell::new(0),
+            tick: Cell::new(0),
+            rng: Cell::new(0x2545_F491_4F6C_DD1D ^ ((index as u64 + 1) << 17)),
+            stacks: UnsafeCell::new(Vec::with_capacity(STACK_CACHE)),
+            records: UnsafeCell::new(Vec::with_capacity(RECORD_CACHE)),
+            ids: Cell::new((0, 0)),
+            stock: Cell::new(0),
+            searching: Cell::new(false),
+            current: Cell::new(std::ptr::null()),
+            progress: Cell::new(0),
+            rt,
+        };
+        context::set_carrier(&c);
+        c.run_loop();
+        c.exit();
+        context::set_carrier(std::ptr::null());
+        let stock = c.stock.replace(0);
+        c.rt.release_stock(stock);
+    }
+
+    pub(crate) fn shared(&self) -> &Shared {
+        &self.rt
+    }
+
+    pub(crate) fn runtime_ref(&self) -> &RuntimeRef {
+        &self.rt
+    }
+
+    pub(crate) fn index(&self) -> usize {
+        self.index
+    }
+
+    /// The fiber this carrier is running, or null between fibers.
+    pub(crate) fn current(&self) -> *const FiberRecord {
+        self.current.get()
+    }
+
+    /// A runtime reference for a new fiber, from the local stock.
+    pub(crate) fn take_ref(&self) -> RuntimeRef {
+        if self.stock.get() == 0 {
+            self.rt.acquire_stock(STOCK_BATCH);
+            self.stock.set(STOCK_BATCH);
+        }
+        self.stock.set(self.stock.get() - 1);
+        // SAFETY: we just took one unit out of the stock we own.
+        unsafe { self.rt.take_from_stock() }
+    }
+
+    /// Takes back a dropped runtime reference into the stock, if there is room.
+    pub(crate) fn stock_ref(&self) -> bool {
+        let s = self.stock.get();
+        if s >= MAX_STOCK {
+            return false;
+        }
+        self.stock.set(s + 1);
+        true
+    }
+
+    pub(crate) fn next_id(&self) -> FiberId {
+        let mut block = self.ids.get();
+        let id = fpark::next_id(&mut block);
+        self.ids.set(block);
+        id
+    }
+
+    /// A stack of `class`: from the local cache for the runtime's default class.
+    pub(crate) fn take_stack(&self, class: &'static SizeClass) -> io::Result<FiberStack> {
+        if !std::ptr::eq(class, self.rt.stacks) {
+            return class.take();
+        }
+        // SAFETY: the cache is touched only by this thread, in short sections that do not
+        // re-enter (no switch point, no user code).
+        let cache = unsafe { &mut *self.stacks.get() };
+        if let Some(s) = cache.pop() {
+            return Ok(s);
+        }
+        class.take_batch(cache, STACK_CACHE / 2);
+        match cache.pop() {
+            Some(s) => Ok(s),
+            None => class.take(),
+        }
+    }
+
+    /// An unused fiber record: from the local cache, else a batch from the shared pool, else new.
+    pub(crate) fn alloc_record(&self) -> NonNull<FiberRecord> {
+        // SAFETY: the cache is touched only by this thread, in short non-reentrant sections.
+        let cache = unsafe { &mut *self.records.get() };
+        if let Some(r) = cache.pop() {
+            return r;
+        }
+        self.rt.take_records(cache, RECORD_CACHE / 2);
+        cache.pop().unwrap_or_else(|| FiberRecord::blank(self.rt.stacks))
+    }
+
+    /// Takes an unused record into the local cache (half the cache goes to the shared pool
+    /// when it is full).
+    pub(crate) fn give_record(&self, r: NonNull<FiberRecord>) {
+        // SAFETY: as in `alloc_record`.
+        let cache = unsafe { &mut *self.records.get() };
+        if cache.len() >= RECORD_CACHE {
+            self.rt.give_records(cache.drain(..RECORD_CACHE / 2));
+        }
+        cache.push(r);
+    }
+
+    /// Makes sure a stack of `class` can be had for a fiber about to be spawned here.
+    pub(crate) fn ensure_stack(&self, class: &'static SizeClass) -> io::Result<()> {
+        if !std::ptr::eq(class, self.rt.stacks) {
+            return class.ensure_available();
+        }
+        // SAFETY: as in `take_stack`.
+        if unsafe { !(*self.stacks.get()).is_empty() } {
+            return Ok(());
+        }
+        let s = self.take_stack(class)?;
+        self.give_stack(s);
+        Ok(())
+    }
+
+    fn give_stack(&self, s: FiberStack) {
+        if !std::ptr::eq(s.class(), self.rt.stacks) {
+            return; // dropping it returns it to its own class
+        }
+        // SAFETY: as in `take_stack`.
+        let cache = unsafe { &mut *self.stacks.get() };
+        if cache.len() >= STACK_CACHE {
+            self.rt.stacks.give_batch(cache.drain(..STACK_CACHE / 2));
+        }
+        cache.push(s);
+    }
+
+    /// Makes a fiber of this runtime runnable from this carrier.
+    pub(crate) fn schedule_local(&self, f: FiberRef, wake: Wake) {
+        let home = f.home.load(Ordering::Relaxed);
+        if home != NO_HOME && home != self.index {
+            self.rt.push_inbox(home, f);
+            return;
+        }
+        match wake {
+            Wake::Unpark => {
+                // Direct hand-off (Go's runnext): the woken fiber runs next here.
+                if let Some(prev) = self.lifo.replace(Some(f)) {
+                    self.push_back(prev);
+                    self.rt.notify();
+                }
+            }
+            Wake::Yield => self.push_back(f),
+            Wake::Spawn | Wake::Timer => {
+                self.push_back(f);
+                self.rt.notify();
+            }
+        }
+    }
+
+    /// Back of the local deque (spilling half to the injector when full); pinned fibers go to
+    /// this carrier's inbox instead, where no one can steal them.
+    fn push_back(&self, f: FiberRef) {
+        if f.home.load(Ordering::Relaxed) == self.index {
+            self.rt.push_inbox(self.index, f);
+            return;
+        }
+        if self.worker.len() >= LOCAL_CAP {
+            for _ in 0..LOCAL_CAP / 2 {
+                match self.worker.pop() {
+                    Some(old) => self.rt.injector.push(self.index, old),
+                    None => break,
+                }
+            }
+        }
+        self.worker.push(f);
+    }
+
+    fn run_loop(&self) {
+        while !self.rt.shutdown.load(Ordering::Acquire) {
+            if let Some(f) = self.next_local() {
+                self.run_fiber(f);
+                continue;
+            }
+            let mut found = None;
+            for round in 0..SPIN_ROUNDS {
+                found = self.find_work();
+                if found.is_some() || self.rt.shutdown.load(Ordering::Relaxed) {
+                    break;
+                }
+                for _ in 0..(16 << round.min(4)) {
+                    std::hint::spin_loop();
+                }
+            }
+            match found {
+                Some(f) => {
+                    self.found_work();
+                    self.run_fiber(f);
+                }
+                None => self.park_idle(),
+            }
+        }
+    }
+
+    /// The fast path: this carrier's own queues.
+    fn next_local(&self) -> Option<FiberRef> {
+        let tick = self.tick.get().wrapping_add(1);
+        self.tick.set(tick);
+        if tick % GLOBAL_CHECK_INTERVAL == 0 {
+            self.fire_timers();
+            if let Some(f) = self.pop_inbox() {
+                return Some(f);
+            }
+            if let Some(f) = self.rt.injector.steal_into(self.index, &self.worker) {
+                return Some(f);
+            }
+        }
+        if self.rt.slots[self.index].inbox_len.load(Ordering::Relaxed) > 0 {
+            if let Some(f) = self.pop_inbox() {
+                return Some(f);
+            }
+        }
+        if let Some(f) = self.lifo.take() {
+            let streak = self.lifo_streak.get();
+            if streak < MAX_LIFO_STREAK {
+                self.lifo_streak.set(streak + 1);
+                return Some(f);
+            }
+            // Too many hand-offs in a row: queue it behind the others.
+            self.push_back(f);
+        }
+        self.lifo_streak.set(0);
+        self.worker.pop()
+    }
+
+    fn pop_inbox(&self) -> Option<FiberRef> {
+        let slot = &self.rt.slots[self.index];
+        let mut q = slot.inbox.lock().unwrap_or_else(|e| e.into_inner());
+        let f = q.pop_front();
+        slot.inbox_len.store(q.len(), Ordering::Relaxed);
+        f
+    }
+
+    /// The slow path: timers, the injector, then other carriers.
+    fn find_work(&self) -> Option<FiberRef> {
+        if let Some(f) = self.pop_inbox() {
+            return Some(f);
+        }
+        if self.fire_timers() > 0 {
+            if let Some(f) = self.lifo.take().or_else(|| self.worker.pop()) {
+                return Some(f);
+            }
+        }
+        if let Some(f) = self.rt.injector.steal_into(self.index, &self.worker) {
+            return Some(f);
+        }
+        // A carrier busy in a long fiber cannot fire its own timers; an idle one does it.
+        if self.fire_foreign_timers() > 0 {
+            if let Some(f) = self.lifo.take().or_else(|| self.worker.pop()) {
+                return Some(f);
+            }
+        }
+        let n = self.rt.slots.len();
+        if n == 1 || !(self.searching.get() || self.rt.idle.try_search()) {
+            return None;
+        }
+        self.searching.set(true);
+        let start = self.next_rand() as usize % n;
+        for k in 0..n {
+            let victim = (start + k) % n;
+            if victim == self.index {
+                continue;
+            }
+            let stealer = &self.rt.slots[victim].stealer;
+            loop {
+                // Take about half of the victim's queue.
+                let limit = stealer.len().div_ceil(2).max(1);
+                match stealer.steal_batch_with_limit_and_pop(&self.worker, limit) {
+                    Steal::Success(f) => return Some(f),
+                    Steal::Empty => break,
+                    Steal::Retry => std::hint::spin_loop(),
+                }
+            }
+        }
+        None
+    }
+
+    /// Leaving the searching state with work in hand: if we were the last searcher, wake
+    /// another carrier, since there may be more work than one carrier can take.
+    fn found_work(&self) {
+        if self.searching.replace(false) && self.rt.idle.stop_search() {
+            self.rt.notify();
+        }
+    }
+
+    fn next_rand(&self) -> u64 {
+        // xorshift64*: a private generator, no shared state.
+        let mut x = self.rng.get();
+        x ^= x >> 12;
+        x ^= x << 25;
+        x ^= x >> 27;
+        self.rng.set(x);
+        x.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+
+    fn run_fiber(&self, f: FiberRef) {
+        self.current.set(FiberRef::as_ptr(&f));
+        f.set_running();
+        if !f.started.replace(true) {
+            if self.rt.config.pin_started_fibers {
+                f.home.store(self.index, Ordering::Relaxed);
+            }
+            // SAFETY: we popped `f`: exclusive access.
+            if !unsafe { f.bind(self.take_stack(f.class())) } {
+                // No stack: its join handle got the error; it is finished.
+                f.set_done();
+                self.current.set(std::ptr::null());
+                return;
+            }
+        }
+        loop {
+            let p = self.progress.get() + 1;
+            self.progress.set(p);
+            self.rt.slots[self.index].progress.store(p, Ordering::Relaxed);
+            // SAFETY: we popped `f` from a queue (or it was just handed to us), so this carrier
+            // is the only one running it: exclusive access to its coroutine.
+            let co = unsafe { f.co_mut() }.as_mut().expect("a runnable fiber has its coroutine");
+            // The fiber body catches every panic itself; one escaping here is a runtime bug,
+            // and carrying on could resume a half-switched fiber.
+            let r = catch_unwind(AssertUnwindSafe(|| co.resume(()))).unwrap_or_else(|_| {
+                eprintln!("virtual-threads: internal error: a fiber's switch panicked; aborting");
+                std::process::abort()
+            });
+            match r {
+                CoroutineResult::Yield(Suspend::Yield) => {
+                    f.set_runnable();
+                    self.current.set(std::ptr::null());
+                    self.schedule_local(f, Wake::Yield);
+                    return;
+                }
+                CoroutineResult::Yield(Suspend::Park) => {
+                    self.rt.registry.insert(self.index, &f);
+                    if f.try_set_parked() {
+                        break;
+                    }
+                    // An unpark came while it was switching out: run it again at once.
+                }
+                CoroutineResult::Return(()) => {
+                    self.finish(&f);
+                    break;
+                }
+            }
+        }
+        self.current.set(std::ptr::null());
+    }
+
+    fn finish(&self, f: &FiberRef) {
+        // SAFETY: the fiber just returned on this carrier: nobody else can touch it.
+        let co = unsafe { f.co_mut() }.take().expect("a finished fiber had its coroutine");
+        self.give_stack(co.into_stack());
+        self.rt.registry.remove(f);
+        f.set_done();
+    }
+
+    /// Fires this carrier's expired timers. Returns how many fibers it woke.
+    fn fire_timers(&self) -> usize {
+        let slot = &self.rt.slots[self.index];
+        let next = slot.next_deadline.load(Ordering::Relaxed);
+        if next == u64::MAX {
+            return 0;
+        }
+        let now = self.rt.ns_since_epoch(Instant::now());
+        if now < next {
+            return 0;
+        }
+        crate::time::fire(&self.rt, self.index, now, false)
+    }
+
+    fn fire_foreign_timers(&self) -> usize {
+        let now = self.rt.ns_since_epoch(Instant::now());
+        let mut woken = 0;
+        for (i, slot) in self.rt.slots.iter().enumerate() {
+            if i != self.index && slot.next_deadline.load(Ordering::Relaxed) <= now {
+                woken += crate::time::fire(&self.rt, i, now, true);
+            }
+        }
+        woken
+    }
+
+    /// Work that another thread could have made visible since we last looked.
+    fn work_visible(&self) -> bool {
+        let rt = &self.rt;
+        rt.slots[self.index].inbox_len.load(Ordering::SeqCst) > 0
+            || !rt.injector.is_empty()
+            || (rt.idle.can_search()
+                && rt.slots.iter().enumerate().any(|(i, s)| i != self.index && !s.stealer.is_empty()))
+            || rt.earliest_deadline() <= rt.ns_since_epoch(Instant::now())
+            || rt.shutdown.load(Ordering::SeqCst)
+    }
+
+    /// Nothing to do: register as a sleeper, look once more, then park the thread until woken
+    /// or until the earliest timer is due (see `idle.rs` for why no wake-up is lost).
+    fn park_idle(&self) {
+        let idle = &self.rt.idle;
+        if self.searching.replace(false) {
+            idle.stop_search();
+        }
+        idle.register(self.index);
+        if !self.work_visible() {
+            match self.rt.earliest_deadline() {
+                u64::MAX => std::thread::park(),
+                at => {
+                    let now = self.rt.ns_since_epoch(Instant::now());
+                    if at > now {
+                        std::thread::park_timeout(Duration::from_nanos(at - now));
+                    }
+                }
+            }
+        }
+        if let super::idle::Unregister::WasNotified = idle.unregister(self.index) {
+            self.searching.set(true);
+        }
+    }
+
+    /// Shutdown: hand every queued fiber to the injector (the runtime's drop unwinds them) and
+    /// the stack cache back to the pool.
+    fn exit(&self) {
+        if self.searching.replace(false) {
+            self.rt.idle.stop_search();
+        }
+        if let Some(f) = self.lifo.take() {
+            self.rt.injector.push(self.index, f);
+        }
+        while let Some(f) = self.worker.pop() {
+            self.rt.injector.push(self.index, f);
+        }
+        // SAFETY: as in `take_stack`; no fiber runs any more.
+        let cache = unsafe { &mut *self.stacks.get() };
+        self.rt.stacks.give_batch(cache.drain(..));
+        // SAFETY: as in `alloc_record`.
+        let records = unsafe { &mut *self.records.get() };
+        self.rt.give_records(records.drain(..));
+    }
+}

@@ -1,0 +1,343 @@
+//! The scheduler: carriers, their queues, the injector, and who runs what next.
+//!
+//! `Shared` is what every carrier (and every thread that spawns or wakes a fiber) sees; the
+//! per-carrier hot state lives in [`carrier::Carrier`] on the carrier's own thread. Finding work
+//! goes: private inbox (pinned fibers) → LIFO slot (at most 3 in a row) → local deque → injector
+//! shards (every 61 ticks first, for fairness) → expired timers → stealing half of a random
+//! victim's deque → sleep. See `arch/scheduler.md`.
+
+pub(crate) mod carrier;
+mod idle;
+mod injector;
+mod registry;
+
+use std::collections::VecDeque;
+use std::ptr::NonNull;
+
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Mutex, OnceLock};
+use std::thread::Thread;
+use std::time::Instant;
+
+use crossbeam_deque::Stealer;
+
+use crate::fiber::stack::SizeClass;
+use crate::fiber::{FiberRecord, FiberRef, NO_HOME};
+use crate::runtime::config::Config;
+use crate::runtime::context;
+use crate::time::TimerHeap;
+
+pub(crate) use idle::Idle;
+pub(crate) use injector::Injector;
+pub(crate) use registry::Registry;
+
+/// Aligns a value to its own cache line pair (the adjacent-line prefetcher pulls lines in
+/// pairs), so per-carrier state is never falsely shared.
+#[derive(Debug, Default)]
+#[repr(align(128))]
+pub(crate) struct CachePadded<T>(pub(crate) T);
+
+impl<T> std::ops::Deref for CachePadded<T> {
+    type Target = T;
+    fn deref(&self) -> &T {
+        &self.0
+    }
+}
+
+/// Why a fiber is being made runnable; decides where it is queued.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Wake {
+    /// A new fiber: back of the local deque (stealable).
+    Spawn,
+    /// It yielded: back of the local deque.
+    Yield,
+    /// Another fiber woke it: the waker's LIFO slot, so it runs next with warm caches.
+    Unpark,
+    /// Its timer expired: back of the local deque.
+    Timer,
+}
+
+/// The part of a carrier that other threads touch.
+pub(crate) struct CarrierSlot {
+    pub(crate) stealer: Stealer<FiberRef>,
+    /// Fibers that may run only on this carrier (pinned). Not stealable.
+    pub(crate) inbox: Mutex<VecDeque<FiberRef>>,
+    pub(crate) inbox_len: AtomicUsize,
+    pub(crate) timers: Mutex<TimerHeap>,
+    /// Earliest deadline in `timers`, in ns since the runtime's epoch (`u64::MAX`: none).
+    pub(crate) next_deadline: AtomicU64,
+    pub(crate) thread: OnceLock<Thread>,
+    /// Bumped by the carrier at every fiber switch (single writer); the supervisor samples it.
+    pub(crate) progress: AtomicU64,
+}
+
+/// State shared by a runtime's carriers and by everyone who schedules onto it.
+pub(crate) struct Shared {
+    /// Counted references (see [`RuntimeRef`]).
+    refs: AtomicUsize,
+    pub(crate) config: Config,
+    pub(crate) slots: Box<[CachePadded<CarrierSlot>]>,
+    pub(crate) injector: Injector,
+    pub(crate) idle: Idle,
+    pub(crate) registry: Registry,
+    pub(crate) shutdown: AtomicBool,
+    pub(crate) epoch: Instant,
+    pub(crate) stacks: &'static SizeClass,
+    /// Unused fiber records, beyond what the carriers cache.
+    records: Mutex<Vec<RecordPtr>>,
+}
+
+/// An unused fiber record in a pool.
+pub(crate) struct RecordPtr(pub(crate) NonNull<FiberRecord>);
+
+// SAFETY: an unused record is owned by the pool that holds it, and `FiberRecord` is `Send`.
+unsafe impl Send for RecordPtr {}
+
+/// Records a carrier caches before handing half to the shared pool.
+pub(crate) const RECORD_CACHE: usize = 256;
+
+impl Drop for Shared {
+    fn drop(&mut self) {
+        for r in self.records.get_mut().unwrap_or_else(|e| e.into_inner()).drain(..) {
+            // SAFETY: pooled records are unused and were allocated by `FiberRecord::blank`
+            // (a leaked `Box`); the pool owned them.
+            drop(unsafe { Box::from_raw(r.0.as_ptr()) });
+        }
+    }
+}
+
+impl Shared {
+    pub(crate) fn new(config: Config, stealers: Vec<Stealer<FiberRef>>) -> Shared {
+        let n = config.carriers;
+        let stacks = SizeClass::get(config.stack_size);
+        Shared {
+            refs: AtomicUsize::new(0),
+            slots: stealers
+                .into_iter()
+                .map(|stealer| {
+                    CachePadded(CarrierSlot {
+                        stealer,
+                        inbox: Mutex::new(VecDeque::new()),
+                        inbox_len: AtomicUsize::new(0),
+                        timers: Mutex::new(TimerHeap::default()),
+                        next_deadline: AtomicU64::new(u64::MAX),
+                        thread: OnceLock::new(),
+                        progress: AtomicU64::new(0),
+                    })
+                })
+                .collect(),
+            injector: Injector::new(n),
+            idle: Idle::new(n),
+            registry: Registry::new(n),
+            shutdown: AtomicBool::new(false),
+            epoch: Instant::now(),
+            stacks,
+            config,
+            records: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// An unused record from the shared pool, or a new one.
+    pub(crate) fn alloc_record(&self) -> NonNull<FiberRecord> {
+        match self.records.lock().unwrap_or_else(|e| e.into_inner()).pop() {
+            Some(r) => r.0,
+            None => FiberRecord::blank(self.stacks),
+        }
+    }
+
+    /// Moves up to `n` pooled records into a carrier's cache.
+    pub(crate) fn take_records(&self, into: &mut Vec<NonNull<FiberRecord>>, n: usize) {
+        let mut pool = self.records.lock().unwrap_or_else(|e| e.into_inner());
+        let k = pool.len().min(n);
+        let start = pool.len() - k;
+        into.extend(pool.drain(start..).map(|r| r.0));
+    }
+
+    /// Returns unused records to the shared pool.
+    pub(crate) fn give_records(&self, records: impl Iterator<Item = NonNull<FiberRecord>>) {
+        self.records.lock().unwrap_or_else(|e| e.into_inner()).extend(records.map(RecordPtr));
+    }
+
+    /// Nanoseconds since this runtime's epoch (0 for instants before it).
+    pub(crate) fn ns_since_epoch(&self, t: Instant) -> u64 {
+        t.saturating_duration_since(self.epoch).as_nanos().min(u64::MAX as u128 - 1) as u64
+    }
+
+    /// Makes a fiber runnable from a thread that is not one of this runtime's carriers.
+    pub(crate) fn schedule_remote(&self, f: FiberRef) {
+        let home = f.home.load(Ordering::Relaxed);
+        if home != NO_HOME {
+            self.push_inbox(home, f);
+            return;
+        }
+        let shard = context::with_plain(|p| {
+            if p.shard == usize::MAX {
+                // Spread plain threads over the shards by their thread id's hash.
+                p.shard = thread_hash() % self.injector.shards();
+            }
+            p.shard
+        });
+        self.injector.push(shard, f);
+        self.notify();
+    }
+
+    /// Queues a fiber that must run on carrier `index` and wakes that carrier if it sleeps.
+    pub(crate) fn push_inbox(&self, index: usize, f: FiberRef) {
+        let slot = &self.slots[index];
+        {
+            let mut q = slot.inbox.lock().unwrap_or_else(|e| e.into_inner());
+            q.push_back(f);
+            slot.inbox_len.store(q.len(), Ordering::SeqCst);
+        }
+        if self.idle.notify_carrier(index) {
+            self.unpark_carrier(index);
+        }
+    }
+
+    /// Wakes one sleeping carrier if work was made visible and nobody is looking for it.
+    pub(crate) fn notify(&self) {
+        if let Some(i) = self.idle.notify_one() {
+            self.unpark_carrier(i);
+        }
+    }
+
+    pub(crate) fn unpark_carrier(&self, i: usize) {
+        if let Some(t) = self.slots[i].thread.get() {
+            t.unpark();
+        }
+    }
+
+    /// Earliest timer deadline over all carriers (ns since epoch), or `u64::MAX`.
+    pub(crate) fn earliest_deadline(&self) -> u64 {
+        self.slots.iter().map(|s| s.next_deadline.load(Ordering::Relaxed)).min().unwrap_or(u64::MAX)
+    }
+}
+
+/// A per-thread value for picking a shard: the address of a stack slot (threads' stacks are
+/// megabytes apart), mixed. Touches nothing shared.
+fn thread_hash() -> usize {
+    let probe = 0u8;
+    let a = std::hint::black_box(&probe) as *const u8 as usize as u64;
+    ((a >> 12).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 32) as usize
+}
+
+/// A counted reference to a runtime's [`Shared`] state, held by every fiber record, handle and
+/// carrier, so the state outlives anything that may still schedule onto it.
+///
+/// Counting every spawn on one atomic would put a cache line shared by all carriers on the
+/// spawn path, so carriers take references in batches (`STOCK_BATCH` per atomic add) and keep a
+/// local stock that spawns draw from and finished fibers give back to.
+pub(crate) struct RuntimeRef(NonNull<Shared>);
+
+pub(crate) const STOCK_BATCH: usize = 64;
+
+// SAFETY: `Shared` is `Sync` (atomics and mutexes); the reference count keeps it alive.
+unsafe impl Send for RuntimeRef {}
+// SAFETY: as above.
+unsafe impl Sync for RuntimeRef {}
+
+impl RuntimeRef {
+    pub(crate) fn new(shared: Shared) -> RuntimeRef {
+        shared.refs.store(1, Ordering::Relaxed);
+        RuntimeRef(NonNull::from(Box::leak(Box::new(shared))))
+    }
+
+    /// Adds `n` references at once and returns them as a stock count.
+    pub(crate) fn acquire_stock(&self, n: usize) {
+        self.refs.fetch_add(n, Ordering::Relaxed);
+    }
+
+    /// Materialises one reference from a stock the caller owns.
+    ///
+    /// # Safety
+    /// The caller must own at least one unit of stock (from `acquire_stock`) and give it up.
+    pub(crate) unsafe fn take_from_stock(&self) -> RuntimeRef {
+        RuntimeRef(self.0)
+    }
+
+    /// Gives back `n` units of stock.
+    pub(crate) fn release_stock(&self, n: usize) {
+        if n > 0 {
+            // SAFETY: the caller owned `n` references, and `self` is one more, so this cannot
+            // reach zero here.
+            unsafe { self.release(n) };
+        }
+    }
+
+    /// # Safety
+    /// The caller gives up `n` references it owns.
+    unsafe fn release(&self, n: usize) {
+        // Release/Acquire as in `Arc::drop`: every use of the state happens before its free.
+        if self.refs.fetch_sub(n, Ordering::Release) == n {
+            std::sync::atomic::fence(Ordering::Acquire);
+            // SAFETY: the count reached zero: no other reference exists, and the pointer came
+            // from `Box::leak` in `new`.
+            drop(unsafe { Box::from_raw(self.0.as_ptr()) });
+        }
+    }
+
+    pub(crate) fn ptr(&self) -> *const Shared {
+        self.0.as_ptr()
+    }
+}
+
+impl Clone for RuntimeRef {
+    fn clone(&self) -> RuntimeRef {
+        self.refs.fetch_add(1, Ordering::Relaxed);
+        RuntimeRef(self.0)
+    }
+}
+
+impl std::ops::Deref for RuntimeRef {
+    type Target = Shared;
+    fn deref(&self) -> &Shared {
+        // SAFETY: the reference count keeps the state alive while `self` exists.
+        unsafe { self.0.as_ref() }
+    }
+}
+
+impl Drop for RuntimeRef {
+    fn drop(&mut self) {
+        let c = context::carrier();
+        if !c.is_null() {
+            // SAFETY: a non-null carrier pointer is the live carrier of this thread.
+            let c = unsafe { &*c };
+            if std::ptr::eq(c.shared(), self.ptr()) && c.stock_ref() {
+                return;
+            }
+        }
+        // SAFETY: this reference is being dropped: we own it and give it up.
+        unsafe { self.release(1) };
+    }
+}
+
+/// A record's last reference is gone: put it in a pool of its runtime (the local carrier's
+/// cache when this thread is one of the runtime's carriers).
+pub(crate) fn recycle_record(rt: &RuntimeRef, ptr: NonNull<FiberRecord>) {
+    let c = context::carrier();
+    if !c.is_null() {
+        // SAFETY: a non-null carrier pointer is this thread's live carrier.
+        let c = unsafe { &*c };
+        if std::ptr::eq(c.shared(), rt.ptr()) {
+            c.give_record(ptr);
+            return;
+        }
+    }
+    rt.give_records(std::iter::once(ptr));
+}
+
+/// Makes `f` runnable, from anywhere.
+pub(crate) fn schedule(f: FiberRef, wake: Wake) {
+    let c = context::carrier();
+    if !c.is_null() {
+        // SAFETY: a non-null carrier pointer is the live carrier of this thread; we use it
+        // before any switch point.
+        let c = unsafe { &*c };
+        if std::ptr::eq(c.shared(), f.runtime().ptr()) {
+            c.schedule_local(f, wake);
+            return;
+        }
+    }
+    let rt = f.runtime().clone();
+    rt.schedule_remote(f);
+}

@@ -1,0 +1,224 @@
+//! Structured concurrency: `scope` (fibers that borrow from the caller), `join` (fork-join of
+//! two closures), and `pinned` (stay on this carrier for a section).
+//!
+//! Borrowing is sound for the same reason as `std::thread::scope`: `scope` does not return
+//! until every fiber spawned in it has finished *and* its result has been dropped or taken
+//! (the count drops in the result packet's destructor), on every path, panics included.
+
+use std::fmt;
+use std::marker::PhantomData;
+use std::panic::{AssertUnwindSafe, Location, catch_unwind, resume_unwind};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+
+use crate::fiber::builder::Builder;
+use crate::fiber::{JoinHandle, NO_HOME};
+use crate::runtime::context;
+use crate::{Fiber, current, park};
+
+pub(crate) struct ScopeData {
+    running: AtomicUsize,
+    a_fiber_panicked: AtomicBool,
+    main: Fiber,
+}
+
+impl ScopeData {
+    /// Called when a scoped fiber's packet is dropped.
+    pub(crate) fn fiber_done(&self, unhandled_panic: bool) {
+        if unhandled_panic {
+            self.a_fiber_panicked.store(true, Ordering::Relaxed);
+        }
+        // Release pairs with the Acquire load in `scope`: the packet's drop happens before the
+        // scope returns.
+        if self.running.fetch_sub(1, Ordering::Release) == 1 {
+            self.main.unpark();
+        }
+    }
+}
+
+/// A scope to spawn fibers that may borrow from outside it; see [`scope`].
+pub struct Scope<'scope, 'env: 'scope> {
+    data: Arc<ScopeData>,
+    scope: PhantomData<&'scope mut &'scope ()>,
+    env: PhantomData<&'env mut &'env ()>,
+}
+
+/// A handle to join a fiber spawned in a [`Scope`].
+pub struct ScopedJoinHandle<'scope, T> {
+    inner: JoinHandle<T>,
+    _scope: PhantomData<&'scope ()>,
+}
+
+/// Creates a scope for spawning fibers that borrow from the caller's stack, like
+/// `std::thread::scope`. Every fiber spawned in it is joined before `scope` returns.
+///
+/// # Panics
+/// If `f` panics, or if a spawned fiber panicked and was not joined.
+///
+/// ```
+/// use virtual_threads as vt;
+/// let mut counts = [0u32; 4];
+/// vt::scope(|s| {
+///     for c in counts.iter_mut() {
+///         s.spawn(move || *c += 1);
+///     }
+/// });
+/// assert_eq!(counts, [1; 4]);
+/// ```
+#[track_caller]
+pub fn scope<'env, F, T>(f: F) -> T
+where
+    F: for<'scope> FnOnce(&'scope Scope<'scope, 'env>) -> T,
+{
+    let scope = Scope {
+        data: Arc::new(ScopeData {
+            running: AtomicUsize::new(0),
+            a_fiber_panicked: AtomicBool::new(false),
+            main: current(),
+        }),
+        scope: PhantomData,
+        env: PhantomData,
+    };
+    let result = catch_unwind(AssertUnwindSafe(|| f(&scope)));
+    while scope.data.running.load(Ordering::Acquire) != 0 {
+        park();
+    }
+    match result {
+        Err(e) => resume_unwind(e),
+        Ok(_) if scope.data.a_fiber_panicked.load(Ordering::Relaxed) => panic!("a scoped fiber panicked"),
+        Ok(r) => r,
+    }
+}
+
+impl<'scope, 'env> Scope<'scope, 'env> {
+    /// Spawns a fiber that may borrow anything that outlives the scope.
+    ///
+    /// # Panics
+    /// If no stack can be allocated.
+    #[track_caller]
+    pub fn spawn<F, T>(&'scope self, f: F) -> ScopedJoinHandle<'scope, T>
+    where
+        F: FnOnce() -> T + Send + 'scope,
+        T: Send + 'scope,
+    {
+        let at = Location::caller();
+        self.data.running.fetch_add(1, Ordering::Relaxed);
+        let data = Some(Arc::clone(&self.data));
+        // SAFETY: `scope` waits until this fiber's packet is dropped (after the fiber finished
+        // and its result was taken or dropped) before the borrowed environment can end.
+        let r = crate::runtime::with_current_runtime(|rt| unsafe {
+            Builder::new().spawn_unchecked_at(rt, f, at, data)
+        });
+        match r {
+            Ok(inner) => ScopedJoinHandle { inner, _scope: PhantomData },
+            Err(e) => {
+                self.data.fiber_done(false);
+                panic!("failed to spawn fiber: {e}")
+            }
+        }
+    }
+}
+
+impl<T> ScopedJoinHandle<'_, T> {
+    /// Waits for the fiber; `Err` holds its panic payload.
+    pub fn join(self) -> std::thread::Result<T> {
+        self.inner.join()
+    }
+
+    /// Whether the fiber has finished.
+    pub fn is_finished(&self) -> bool {
+        self.inner.is_finished()
+    }
+
+    /// The fiber's handle.
+    pub fn fiber(&self) -> &Fiber {
+        self.inner.fiber()
+    }
+}
+
+impl fmt::Debug for Scope<'_, '_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Scope").field("running", &self.data.running.load(Ordering::Relaxed)).finish()
+    }
+}
+
+impl<T> fmt::Debug for ScopedJoinHandle<'_, T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.inner.fmt(f)
+    }
+}
+
+/// Runs `a` and `b` potentially in parallel and returns both results, like `rayon::join`:
+/// `b` becomes a fiber other carriers can steal while the caller runs `a` itself.
+///
+/// # Panics
+/// If either closure panics, after both have finished (the first panic wins).
+#[track_caller]
+pub fn join<A, B, RA, RB>(a: A, b: B) -> (RA, RB)
+where
+    A: FnOnce() -> RA + Send,
+    B: FnOnce() -> RB + Send,
+    RA: Send,
+    RB: Send,
+{
+    let at = Location::caller();
+    // SAFETY: `hb` is joined below on every path before this function returns (`a`'s panic is
+    // caught first), so what `b` borrows outlives it.
+    let hb = crate::runtime::with_current_runtime(|rt| unsafe {
+        Builder::new().spawn_unchecked_at(rt, b, at, None)
+    })
+    .unwrap_or_else(|e| panic!("failed to spawn fiber: {e}"));
+    let ra = catch_unwind(AssertUnwindSafe(a));
+    let rb = hb.join();
+    match (ra, rb) {
+        (Ok(ra), Ok(rb)) => (ra, rb),
+        (Err(e), _) | (_, Err(e)) => resume_unwind(e),
+    }
+}
+
+/// Runs `f` with the calling fiber pinned to its current carrier: it may park and yield, but
+/// resumes only there, so `!Send` values and thread-local references may be held across switch
+/// points inside `f`. On a plain thread it just runs `f`.
+pub fn pinned<F, T>(f: F) -> T
+where
+    F: FnOnce() -> T,
+{
+    let c = context::carrier();
+    let rec = context::current_fiber();
+    if c.is_null() || rec.is_null() {
+        return f();
+    }
+    // SAFETY: the running fiber's record outlives its run, and its address is stable.
+    let rec = unsafe { &*rec };
+    // SAFETY: `c` is this thread's live carrier, read before any switch point.
+    let index = unsafe { (*c).index() };
+    struct Unpin<'a>(&'a crate::fiber::FiberRecord, bool);
+    impl Drop for Unpin<'_> {
+        fn drop(&mut self) {
+            let depth = self.0.pin_depth.get() - 1;
+            self.0.pin_depth.set(depth);
+            if depth == 0 && self.1 {
+                self.0.home.store(NO_HOME, Ordering::Relaxed);
+            }
+        }
+    }
+    let we_pin = rec.home.load(Ordering::Relaxed) == NO_HOME;
+    if we_pin {
+        rec.home.store(index, Ordering::Relaxed);
+    }
+    rec.pin_depth.set(rec.pin_depth.get() + 1);
+    let _unpin = Unpin(rec, we_pin);
+    f()
+}
+
+/// Runs `f`, a call known to block the OS thread (a blocking syscall, a foreign library);
+/// from a plain thread it just runs `f`.
+///
+/// Today this runs `f` on the carrier; the supervisor (see `arch/supervisor.md`) will start a
+/// compensating carrier at once so the carrier's other fibers do not wait.
+pub fn blocking<F, T>(f: F) -> T
+where
+    F: FnOnce() -> T,
+{
+    f()
+}

@@ -1,0 +1,105 @@
+//! Timers: `sleep`, `park_timeout` and every other timed wait.
+//!
+//! Each carrier keeps a min-heap of deadlines for the fibers that parked on it, behind a mutex
+//! that only its owner takes in the common case, and publishes its earliest deadline in an
+//! atomic so that an idle carrier can sleep exactly until the next timer of any carrier, and
+//! fire timers of a carrier that is busy in a long fiber. Cancellation is lazy: a fiber whose
+//! timed park ended early bumps its `timer_gen`, and the stale entry is discarded when it
+//! expires. See `arch/scheduler.md` (timers).
+
+use std::cmp::Ordering as CmpOrdering;
+use std::collections::BinaryHeap;
+use std::sync::atomic::Ordering;
+use std::time::Instant;
+
+use crate::fiber::{FiberRecord, FiberRef};
+use crate::runtime::context;
+use crate::scheduler::{Shared, Wake};
+
+/// A carrier's pending timers.
+#[derive(Default)]
+pub(crate) struct TimerHeap {
+    heap: BinaryHeap<Entry>,
+    seq: u64,
+}
+
+struct Entry {
+    /// Deadline in ns since the runtime's epoch.
+    at: u64,
+    /// Insertion order, so equal deadlines fire first-in first-out.
+    seq: u64,
+    /// The fiber's `timer_gen` when armed: a mismatch means the park already ended.
+    generation: u64,
+    fiber: FiberRef,
+}
+
+impl PartialEq for Entry {
+    fn eq(&self, other: &Self) -> bool {
+        (self.at, self.seq) == (other.at, other.seq)
+    }
+}
+impl Eq for Entry {}
+impl PartialOrd for Entry {
+    fn partial_cmp(&self, other: &Self) -> Option<CmpOrdering> {
+        Some(self.cmp(other))
+    }
+}
+impl Ord for Entry {
+    /// Reversed: `BinaryHeap` is a max-heap and we want the earliest deadline on top.
+    fn cmp(&self, other: &Self) -> CmpOrdering {
+        (other.at, other.seq).cmp(&(self.at, self.seq))
+    }
+}
+
+impl TimerHeap {
+    pub(crate) fn clear(&mut self) {
+        self.heap.clear();
+    }
+}
+
+/// Arms a timer that unparks `rec` at `deadline`, on the carrier running it.
+/// Called by the fiber itself, just before it parks.
+pub(crate) fn arm_timer(rec: &FiberRecord, deadline: Instant) {
+    let c = context::carrier();
+    debug_assert!(!c.is_null(), "a fiber parks only on a carrier");
+    // SAFETY: a fiber runs on a carrier; the pointer is that live carrier, used before the
+    // switch point that follows.
+    let c = unsafe { &*c };
+    let rt = c.shared();
+    let at = rt.ns_since_epoch(deadline);
+    // SAFETY: the running fiber's record is kept alive by its carrier.
+    let fiber = unsafe { FiberRef::clone_from_ptr(rec) };
+    let generation = rec.timer_gen.load(Ordering::Relaxed);
+    let slot = &rt.slots[c.index()];
+    let mut t = slot.timers.lock().unwrap_or_else(|e| e.into_inner());
+    t.seq += 1;
+    let seq = t.seq;
+    t.heap.push(Entry { at, seq, generation, fiber });
+    if at < slot.next_deadline.load(Ordering::Relaxed) {
+        slot.next_deadline.store(at, Ordering::Relaxed);
+    }
+}
+
+/// Fires the expired timers of carrier `index`'s heap. With `try_only`, gives up if the heap is
+/// locked (another carrier is firing it). Returns how many fibers it woke.
+pub(crate) fn fire(rt: &Shared, index: usize, now: u64, try_only: bool) -> usize {
+    let slot = &rt.slots[index];
+    let mut t = if try_only {
+        match slot.timers.try_lock() {
+            Ok(t) => t,
+            Err(_) => return 0,
+        }
+    } else {
+        slot.timers.lock().unwrap_or_else(|e| e.into_inner())
+    };
+    let mut woken = 0;
+    while t.heap.peek().is_some_and(|e| e.at <= now) {
+        let e = t.heap.pop().expect("peeked");
+        if e.fiber.timer_gen.load(Ordering::Relaxed) == e.generation && e.fiber.notify() {
+            crate::scheduler::schedule(e.fiber, Wake::Timer);
+            woken += 1;
+        }
+    }
+    slot.next_deadline.store(t.heap.peek().map_or(u64::MAX, |e| e.at), Ordering::Relaxed);
+    woken
+}

@@ -1,0 +1,463 @@
+//! The foundation's behaviour: spawn/join, panics, scopes, park/unpark, sleep, yield fairness,
+//! runtime drop, builder validation, fiber-locals and pinning.
+
+use std::collections::HashSet;
+use std::io;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Barrier, Mutex};
+use std::time::{Duration, Instant};
+
+use virtual_threads as vt;
+
+fn rt(carriers: usize) -> vt::Runtime {
+    vt::Runtime::builder().carriers(carriers).build().expect("runtime")
+}
+
+#[test]
+fn a_million_fibers_spawned_from_many_fibers_each_run_once() {
+    const PARENTS: usize = 1000;
+    const CHILDREN: usize = 1000;
+    let rt = rt(2);
+    let runs = Arc::new(AtomicUsize::new(0));
+    let seen = Arc::new((0..PARENTS).map(|_| AtomicUsize::new(0)).collect::<Vec<_>>());
+    rt.block_on(|| {
+        let parents: Vec<_> = (0..PARENTS)
+            .map(|p| {
+                let (runs, seen) = (runs.clone(), seen.clone());
+                vt::spawn(move || {
+                    let kids: Vec<_> = (0..CHILDREN)
+                        .map(|_| {
+                            let (runs, seen) = (runs.clone(), seen.clone());
+                            vt::spawn(move || {
+                                runs.fetch_add(1, Ordering::Relaxed);
+                                seen[p].fetch_add(1, Ordering::Relaxed);
+                            })
+                        })
+                        .collect();
+                    for k in kids {
+                        k.join().unwrap();
+                    }
+                })
+            })
+            .collect();
+        for p in parents {
+            p.join().unwrap();
+        }
+    });
+    assert_eq!(runs.load(Ordering::Relaxed), PARENTS * CHILDREN);
+    assert!(seen.iter().all(|s| s.load(Ordering::Relaxed) == CHILDREN));
+}
+
+#[test]
+fn nested_spawns_spread_over_carriers_and_return_their_values() {
+    let rt = rt(2);
+    let threads = Arc::new(Mutex::new(HashSet::new()));
+    fn tree(depth: u32, threads: Arc<Mutex<HashSet<std::thread::ThreadId>>>) -> u64 {
+        threads.lock().unwrap().insert(std::thread::current().id());
+        if depth == 0 {
+            return 1;
+        }
+        let (a, b) = (threads.clone(), threads.clone());
+        let l = vt::spawn(move || tree(depth - 1, a));
+        let r = vt::spawn(move || tree(depth - 1, b));
+        l.join().unwrap() + r.join().unwrap()
+    }
+    let t = threads.clone();
+    assert_eq!(rt.block_on(move || tree(12, t)), 4096);
+    // Both carriers ran fibers (the tree is wide enough for the idle one to steal).
+    assert_eq!(threads.lock().unwrap().len(), 2);
+}
+
+#[test]
+fn a_panicking_fiber_returns_its_payload_and_the_carrier_survives() {
+    let rt = rt(1);
+    let n = std::hint::black_box(7);
+    let err = rt.block_on(|| vt::spawn(move || -> u32 { panic!("boom {n}") }).join().unwrap_err());
+    assert_eq!(err.downcast_ref::<String>().map(String::as_str), Some("boom 7"));
+    // The single carrier still runs fibers.
+    assert_eq!(rt.block_on(|| vt::spawn(|| 5).join().unwrap()), 5);
+}
+
+#[test]
+fn block_on_propagates_a_panic_to_its_caller() {
+    let rt = rt(1);
+    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| rt.block_on(|| panic!("inner"))));
+    assert_eq!(*r.unwrap_err().downcast_ref::<&str>().unwrap(), "inner");
+}
+
+#[test]
+fn scope_fibers_borrow_locals() {
+    let rt = rt(2);
+    let mut data = vec![1u64; 64];
+    let total = AtomicUsize::new(0);
+    rt.block_on(|| {
+        vt::scope(|s| {
+            for chunk in data.chunks_mut(8) {
+                let total = &total;
+                s.spawn(move || {
+                    for x in chunk.iter_mut() {
+                        *x *= 3;
+                    }
+                    total.fetch_add(chunk.len(), Ordering::Relaxed);
+                });
+            }
+        });
+    });
+    assert!(data.iter().all(|&x| x == 3));
+    assert_eq!(total.load(Ordering::Relaxed), 64);
+}
+
+#[test]
+fn scope_waits_for_unjoined_fibers_and_reports_their_panic() {
+    let rt = rt(2);
+    let done = AtomicUsize::new(0);
+    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        rt.block_on(|| {
+            vt::scope(|s| {
+                for i in 0..10 {
+                    let done = &done;
+                    s.spawn(move || {
+                        vt::yield_now();
+                        done.fetch_add(1, Ordering::Relaxed);
+                        if i == 3 {
+                            panic!("scoped");
+                        }
+                    });
+                }
+            })
+        })
+    }));
+    assert!(r.is_err(), "an unjoined panicking scoped fiber fails the scope");
+    assert_eq!(done.load(Ordering::Relaxed), 10, "the scope waited for every fiber");
+}
+
+#[test]
+fn scoped_join_handles_give_results() {
+    let rt = rt(2);
+    let words = ["a", "bb", "ccc"];
+    let lens = rt.block_on(|| {
+        vt::scope(|s| {
+            let hs: Vec<_> = words.iter().map(|w| s.spawn(move || w.len())).collect();
+            hs.into_iter().map(|h| h.join().unwrap()).collect::<Vec<_>>()
+        })
+    });
+    assert_eq!(lens, [1, 2, 3]);
+}
+
+#[test]
+fn block_on_accepts_a_borrowing_closure() {
+    let rt = rt(2);
+    let mut v = vec![1, 2, 3];
+    let s: i32 = rt.block_on(|| {
+        v.push(4);
+        v.iter().sum()
+    });
+    assert_eq!(s, 10);
+    assert_eq!(v.len(), 4);
+}
+
+#[test]
+fn an_unpark_before_the_park_is_not_lost() {
+    let rt = rt(2);
+    rt.block_on(|| {
+        vt::current().unpark();
+        vt::park(); // returns at once: the token was there
+    });
+}
+
+#[test]
+fn park_unpark_races_lose_no_wakeup() {
+    // A fiber parks in a loop until a counter it is told about reaches its target; another
+    // fiber (and a plain thread) keep bumping and unparking. A lost wake-up hangs the test.
+    let rt = rt(2);
+    for round in 0..200 {
+        let count = Arc::new(AtomicUsize::new(0));
+        let target = 50;
+        let c = count.clone();
+        let waiter = rt.spawn(move || {
+            while c.load(Ordering::Acquire) < target {
+                vt::park();
+            }
+        });
+        let fiber = waiter.fiber().clone();
+        let (c1, f1) = (count.clone(), fiber.clone());
+        let bumper = rt.spawn(move || {
+            for _ in 0..target / 2 {
+                c1.fetch_add(1, Ordering::Release);
+                f1.unpark();
+                if round % 2 == 0 {
+                    vt::yield_now();
+                }
+            }
+        });
+        for _ in 0..target - target / 2 {
+            count.fetch_add(1, Ordering::Release);
+            fiber.unpark();
+        }
+        bumper.join().unwrap();
+        waiter.join().unwrap();
+    }
+}
+
+#[test]
+fn park_timeout_returns_after_the_timeout() {
+    let rt = rt(1);
+    let waited = rt.block_on(|| {
+        let t = Instant::now();
+        vt::park_timeout(Duration::from_millis(30));
+        t.elapsed()
+    });
+    // A park may return spuriously, but nothing unparks this fiber and it holds no token.
+    assert!(waited >= Duration::from_millis(30), "{waited:?}");
+}
+
+#[test]
+fn sleep_never_returns_early() {
+    let rt = rt(2);
+    let hs: Vec<_> = (0..200u64)
+        .map(|i| {
+            rt.spawn(move || {
+                let d = Duration::from_millis(1 + i % 25);
+                let t = Instant::now();
+                vt::sleep(d);
+                (t.elapsed(), d)
+            })
+        })
+        .collect();
+    for h in hs {
+        let (took, asked) = h.join().unwrap();
+        assert!(took >= asked, "slept {took:?}, asked {asked:?}");
+    }
+}
+
+#[test]
+fn sleeping_fibers_do_not_hold_their_carrier() {
+    // 1 carrier, 100 fibers each sleeping 200 ms: done in well under 100 × 200 ms.
+    let rt = rt(1);
+    let t = Instant::now();
+    rt.block_on(|| {
+        let hs: Vec<_> = (0..100).map(|_| vt::spawn(|| vt::sleep(Duration::from_millis(200)))).collect();
+        hs.into_iter().for_each(|h| h.join().unwrap());
+    });
+    assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
+}
+
+#[test]
+fn on_one_carrier_a_yielding_fiber_lets_the_others_run() {
+    let rt = rt(1);
+    let stop = Arc::new(AtomicBool::new(false));
+    let others_ran = rt.block_on(|| {
+        let s = stop.clone();
+        let spinner = vt::spawn(move || {
+            let mut yields = 0u64;
+            while !s.load(Ordering::Acquire) {
+                vt::yield_now();
+                yields += 1;
+            }
+            yields
+        });
+        let ran = Arc::new(AtomicUsize::new(0));
+        let hs: Vec<_> = (0..100)
+            .map(|_| {
+                let r = ran.clone();
+                vt::spawn(move || {
+                    r.fetch_add(1, Ordering::Relaxed);
+                })
+            })
+            .collect();
+        hs.into_iter().for_each(|h| h.join().unwrap());
+        stop.store(true, Ordering::Release);
+        assert!(spinner.join().unwrap() > 0);
+        ran.load(Ordering::Relaxed)
+    });
+    assert_eq!(others_ran, 100);
+}
+
+struct OnDrop(Arc<AtomicUsize>);
+impl Drop for OnDrop {
+    fn drop(&mut self) {
+        self.0.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+#[test]
+fn dropping_a_runtime_unwinds_parked_and_queued_fibers() {
+    let drops = Arc::new(AtomicUsize::new(0));
+    let started = Arc::new(AtomicUsize::new(0));
+    let rt = rt(2);
+    let mut handles = Vec::new();
+    for _ in 0..10 {
+        let (d, s) = (drops.clone(), started.clone());
+        handles.push(rt.spawn(move || {
+            let _guard = OnDrop(d);
+            s.fetch_add(1, Ordering::SeqCst);
+            loop {
+                vt::park(); // nobody unparks: parked for ever
+            }
+        }));
+    }
+    while started.load(Ordering::SeqCst) < 10 {
+        std::thread::yield_now();
+    }
+    // Fibers that are spawned but may not get to run before the drop.
+    let never: Vec<_> = (0..5)
+        .map(|_| {
+            // Captured, so it is dropped whether or not the fiber ever ran.
+            let guard = OnDrop(drops.clone());
+            rt.handle().spawn(move || {
+                let _guard = guard;
+                vt::sleep(Duration::from_secs(3600));
+            })
+        })
+        .collect();
+    drop(rt);
+    assert_eq!(drops.load(Ordering::SeqCst), 15, "every fiber's destructors ran");
+    for h in handles {
+        let err = h.join().unwrap_err();
+        assert!(err.downcast_ref::<&str>().unwrap().contains("cancelled"));
+    }
+    for h in never {
+        assert!(h.join().is_err());
+    }
+}
+
+#[test]
+fn invalid_builder_settings_are_invalid_input() {
+    let kind = |r: io::Result<vt::Runtime>| r.unwrap_err().kind();
+    assert_eq!(kind(vt::Runtime::builder().carriers(0).build()), io::ErrorKind::InvalidInput);
+    assert_eq!(kind(vt::Runtime::builder().carriers(2).max_carriers(1).build()), io::ErrorKind::InvalidInput);
+    assert_eq!(kind(vt::Runtime::builder().stack_size(100).build()), io::ErrorKind::InvalidInput);
+    assert_eq!(
+        kind(vt::Runtime::builder().supervisor_interval(Duration::ZERO).build()),
+        io::ErrorKind::InvalidInput
+    );
+    let rt = rt(1);
+    let e = rt.block_on(|| vt::Builder::new().stack_size(1).spawn(|| ()).unwrap_err());
+    assert_eq!(e.kind(), io::ErrorKind::InvalidInput);
+}
+
+#[test]
+fn builder_names_fibers_and_sets_their_stack() {
+    let rt = rt(1);
+    let (name, deep) = rt.block_on(|| {
+        vt::Builder::new()
+            .name("worker-7".into())
+            .stack_size(1 << 20)
+            .spawn(|| {
+                // ~400 KiB of stack: would overflow the 64 KiB default.
+                fn recurse(n: u32) -> u32 {
+                    let pad = std::hint::black_box([n as u8; 1024]);
+                    if n == 0 { pad[0] as u32 } else { recurse(n - 1) + pad[1] as u32 }
+                }
+                (vt::current().name().map(str::to_owned), recurse(400))
+            })
+            .unwrap()
+            .join()
+            .unwrap()
+    });
+    assert_eq!(name.as_deref(), Some("worker-7"));
+    assert_eq!(deep, (1..=400u32).map(|n| n % 256).sum::<u32>());
+}
+
+#[test]
+fn fiber_ids_are_unique_and_increase_within_a_carrier() {
+    let rt = rt(1);
+    let ids = rt.block_on(|| {
+        (0..5000).map(|_| vt::spawn(|| vt::current().id())).map(|h| h.join().unwrap()).collect::<Vec<_>>()
+    });
+    let set: HashSet<_> = ids.iter().collect();
+    assert_eq!(set.len(), ids.len());
+    assert!(ids.windows(2).all(|w| w[0] < w[1]), "ids from one carrier increase");
+    // A plain thread gets a stable id too.
+    assert_eq!(vt::current().id(), vt::current().id());
+}
+
+#[test]
+fn join_from_a_plain_thread_and_is_finished() {
+    let rt = rt(2);
+    let gate = Arc::new(AtomicBool::new(false));
+    let g = gate.clone();
+    let h = rt.spawn(move || {
+        while !g.load(Ordering::Acquire) {
+            vt::yield_now();
+        }
+        42
+    });
+    assert!(!h.is_finished());
+    gate.store(true, Ordering::Release);
+    assert_eq!(h.join().unwrap(), 42);
+}
+
+#[test]
+fn vt_join_computes_a_recursive_sum_on_one_and_two_carriers() {
+    fn sum(v: &[u64]) -> u64 {
+        if v.len() <= 64 {
+            return v.iter().sum();
+        }
+        let (a, b) = v.split_at(v.len() / 2);
+        let (x, y) = vt::join(|| sum(a), || sum(b));
+        x + y
+    }
+    let v: Vec<u64> = (0..100_000).collect();
+    for c in [1, 2] {
+        assert_eq!(rt(c).block_on(|| sum(&v)), 100_000 * 99_999 / 2);
+    }
+}
+
+vt::fiber_local! {
+    static COUNTER: std::cell::Cell<u32> = std::cell::Cell::new(0);
+}
+
+#[test]
+fn fiber_locals_are_per_fiber_and_follow_migration() {
+    let rt = rt(2);
+    let totals = rt.block_on(|| {
+        let hs: Vec<_> = (0..50)
+            .map(|i| {
+                vt::spawn(move || {
+                    for _ in 0..i {
+                        COUNTER.with(|c| c.set(c.get() + 1));
+                        vt::yield_now(); // may resume on the other carrier
+                    }
+                    COUNTER.with(|c| c.get())
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect::<Vec<_>>()
+    });
+    assert_eq!(totals, (0..50).collect::<Vec<u32>>());
+}
+
+#[test]
+fn pinned_sections_and_pin_started_fibers_stay_on_one_carrier() {
+    let check = |rt: &vt::Runtime, use_pinned: bool| {
+        rt.block_on(|| {
+            let hs: Vec<_> = (0..20)
+                .map(|_| {
+                    vt::spawn(move || {
+                        let body = || {
+                            let first = std::thread::current().id();
+                            (0..200).all(|_| {
+                                vt::yield_now();
+                                std::thread::current().id() == first
+                            })
+                        };
+                        if use_pinned { vt::pinned(body) } else { body() }
+                    })
+                })
+                .collect();
+            hs.into_iter().all(|h| h.join().unwrap())
+        })
+    };
+    assert!(check(&rt(2), true), "vt::pinned keeps a fiber on its carrier");
+    let strict = vt::Runtime::builder().carriers(2).pin_started_fibers(true).build().unwrap();
+    assert!(check(&strict, false), "pin_started_fibers keeps every fiber on its carrier");
+}
+
+#[test]
+fn spawn_from_a_plain_thread_uses_the_default_runtime() {
+    let h = vt::spawn(|| vt::current().id());
+    let id = h.join().unwrap();
+    assert_ne!(id, vt::current().id());
+    assert_eq!(vt::spawn(|| 2 + 2).join().unwrap(), 4);
+}
