@@ -32,11 +32,17 @@
 
 #![warn(missing_docs, unreachable_pub)]
 
+pub mod channel;
 mod fiber;
+pub mod fs;
+mod metrics;
+pub mod net;
 mod platform;
+mod pool;
 pub mod runtime;
 mod scheduler;
 mod scope;
+pub mod sync;
 mod time;
 
 pub use fiber::builder::{Builder, spawn};
@@ -44,5 +50,7 @@ pub use fiber::join::JoinHandle;
 pub use fiber::local::LocalKey;
 pub use fiber::park::{Fiber, FiberId, current, park, park_timeout, sleep, sleep_until, yield_now};
 pub use fiber::stack::{DEFAULT_STACK_SIZE, MAX_STACK_SIZE, MIN_STACK_SIZE};
+pub use metrics::{BlockingLocation, Metrics};
+pub use pool::{PoolScope, ThreadPool, ThreadPoolBuilder};
 pub use runtime::{Handle, Runtime};
 pub use scope::{Scope, ScopedJoinHandle, blocking, join, pinned, scope};

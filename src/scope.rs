@@ -211,14 +211,53 @@ where
     f()
 }
 
-/// Runs `f`, a call known to block the OS thread (a blocking syscall, a foreign library);
-/// from a plain thread it just runs `f`.
+/// Runs `f`, a call known to block the OS thread (a blocking syscall, a foreign library, a
+/// `std::sync::Mutex` held elsewhere), and compensates at once: the carrier counts as blocked
+/// and, if fewer than the target number of carriers could still run fibers, a spare carrier is
+/// woken or started (within `max_carriers`) so the fibers queued behind this one do not wait.
+/// The spare retires when it is no longer needed. From a plain thread it just runs `f`.
 ///
-/// Today this runs `f` on the carrier; the supervisor (see `arch/supervisor.md`) will start a
-/// compensating carrier at once so the carrier's other fibers do not wait.
+/// Without `blocking`, the supervisor notices a stuck carrier after about two
+/// `supervisor_interval`s and compensates then; `blocking` skips that delay.
+#[track_caller]
 pub fn blocking<F, T>(f: F) -> T
 where
     F: FnOnce() -> T,
 {
+    let at = Location::caller();
+    let c = context::carrier();
+    let rec = context::current_fiber();
+    if c.is_null() || rec.is_null() || std::thread::panicking() {
+        return f();
+    }
+    // SAFETY: the running fiber's record outlives its run, and its address is stable.
+    let rec = unsafe { &*rec };
+    let depth = rec.blocking_depth.get();
+    rec.blocking_depth.set(depth + 1);
+    if depth == 0 {
+        rec.blocking_at.set(Some(at));
+        // SAFETY: `c` is this thread's live carrier, used before any switch point.
+        unsafe { (*c).enter_blocking(at) };
+    }
+    struct Exit<'a>(&'a crate::fiber::FiberRecord);
+    impl Drop for Exit<'_> {
+        fn drop(&mut self) {
+            let depth = self.0.blocking_depth.get() - 1;
+            self.0.blocking_depth.set(depth);
+            if depth == 0 {
+                self.0.blocking_at.set(None);
+                // Re-read: `f` may have parked and resumed on another carrier.
+                let c = context::carrier();
+                if !c.is_null() {
+                    // SAFETY: this thread's live carrier, used before any switch point.
+                    unsafe {
+                        (*c).exit_blocking();
+                        (*c).set_location(self.0.spawned_at());
+                    }
+                }
+            }
+        }
+    }
+    let _exit = Exit(rec);
     f()
 }

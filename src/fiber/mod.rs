@@ -18,6 +18,7 @@
 pub(crate) mod builder;
 pub(crate) mod join;
 pub(crate) mod local;
+pub(crate) mod overflow;
 pub(crate) mod park;
 pub(crate) mod stack;
 
@@ -128,6 +129,11 @@ pub(crate) struct FiberRecord {
     pub(crate) spawns: Cell<u32>,
     /// Where this record sits in the runtime's registry of parked fibers, if it does.
     pub(crate) registry_slot: Cell<Option<(usize, usize)>>,
+    /// Nesting depth of `blocking` sections (1 for a whole fiber from a known-blocking
+    /// location): while positive, the carrier running the fiber counts itself as blocked.
+    pub(crate) blocking_depth: Cell<u32>,
+    /// Call site of the outermost `blocking` section (or the spawn site, when known-blocking).
+    pub(crate) blocking_at: Cell<Option<&'static Location<'static>>>,
 }
 
 // SAFETY: the `Coroutine` is `!Send` because the data on its stack may be `!Send`; the runtime
@@ -199,6 +205,8 @@ impl FiberRecord {
             locals: local::Locals::default(),
             spawns: Cell::new(0),
             registry_slot: Cell::new(None),
+            blocking_depth: Cell::new(0),
+            blocking_at: Cell::new(None),
         });
         NonNull::from(Box::leak(rec))
     }
@@ -230,6 +238,8 @@ impl FiberRecord {
         r.cancelled.store(false, Ordering::Relaxed);
         r.spawns.set(0);
         r.yielder.set(std::ptr::null());
+        r.blocking_depth.set(0);
+        r.blocking_at.set(None);
         r.refs.store(1, Ordering::Relaxed);
         FiberRef(ptr)
     }
@@ -307,11 +317,22 @@ impl FiberRecord {
         self.state.load(Ordering::Acquire) & STATE_MASK
     }
 
-    /// Carrier side: the fiber was popped from a queue and is about to run. Keeps the token.
-    pub(crate) fn set_running(&self) {
-        // Acquire pairs with the Release of whoever made it runnable (unpark's CAS or the
-        // park CAS of the previous carrier), so its stack is visible here.
-        self.state.fetch_and(NOTIFIED, Ordering::Acquire);
+    /// Claims a runnable fiber to run it (`RUNNABLE → RUNNING`, keeping the token). Fails if
+    /// it is not runnable. Every queue entry is a fiber that became runnable, so today a claim
+    /// fails only on a bug; the check keeps such a bug from running one fiber on two carriers.
+    pub(crate) fn try_claim(&self) -> bool {
+        let mut s = self.state.load(Ordering::Relaxed);
+        loop {
+            if s & STATE_MASK != RUNNABLE {
+                return false;
+            }
+            // Acquire pairs with the Release of whoever made it runnable (unpark's CAS or the
+            // park CAS of the previous carrier), so its stack is visible here.
+            match self.state.compare_exchange_weak(s, s & NOTIFIED, Ordering::Acquire, Ordering::Relaxed) {
+                Ok(_) => return true,
+                Err(actual) => s = actual,
+            }
+        }
     }
 
     /// Carrier side, after the fiber switched out with `Suspend::Yield`.
@@ -400,6 +421,21 @@ unsafe impl Sync for FiberRef {}
 impl FiberRef {
     pub(crate) fn as_ptr(this: &FiberRef) -> *const FiberRecord {
         this.0.as_ptr()
+    }
+
+    /// Gives up the reference as a raw pointer (for an atomic slot); see `from_raw`.
+    pub(crate) fn into_raw(this: FiberRef) -> *mut FiberRecord {
+        let p = this.0.as_ptr();
+        std::mem::forget(this);
+        p
+    }
+
+    /// Takes back a reference given up by `into_raw`; `None` for null.
+    ///
+    /// # Safety
+    /// `p` is null or came from `into_raw`, and is taken back once.
+    pub(crate) unsafe fn from_raw(p: *mut FiberRecord) -> Option<FiberRef> {
+        NonNull::new(p).map(FiberRef)
     }
 
     /// Takes a new reference to the record at `ptr`.

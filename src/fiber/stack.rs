@@ -156,12 +156,75 @@ impl SizeClass {
             c.next = base as usize;
             c.end = c.next + len;
             c.arena_slots = slots;
+            ARENAS.register(c.next, c.end, self.stride, self.usable);
         }
         let bottom = c.next;
         guard(bottom)?;
         c.next += self.stride;
         self.carved.fetch_add(1, Ordering::Relaxed);
         Ok(bottom)
+    }
+}
+
+/// Every arena ever reserved, for the stack-overflow handler: a fixed table of atomics that a
+/// signal handler can read without locks or allocation. Arenas are never unmapped, so an entry
+/// stays valid for the life of the process.
+pub(crate) struct ArenaTable {
+    entries: [ArenaEntry; MAX_ARENAS],
+    len: AtomicUsize,
+}
+
+const MAX_ARENAS: usize = 4096;
+
+#[derive(Default)]
+struct ArenaEntry {
+    base: AtomicUsize,
+    end: AtomicUsize,
+    stride: AtomicUsize,
+    usable: AtomicUsize,
+}
+
+pub(crate) static ARENAS: ArenaTable = ArenaTable {
+    entries: [const {
+        ArenaEntry {
+            base: AtomicUsize::new(0),
+            end: AtomicUsize::new(0),
+            stride: AtomicUsize::new(0),
+            usable: AtomicUsize::new(0),
+        }
+    }; MAX_ARENAS],
+    len: AtomicUsize::new(0),
+};
+
+impl ArenaTable {
+    fn register(&self, base: usize, end: usize, stride: usize, usable: usize) {
+        // Called under a class's carver lock; classes carve concurrently, so claim an index.
+        let i = self.len.fetch_add(1, Ordering::AcqRel);
+        if i >= MAX_ARENAS {
+            return; // overflows in arenas past this many are reported as plain faults
+        }
+        let e = &self.entries[i];
+        e.stride.store(stride, Ordering::Relaxed);
+        e.usable.store(usable, Ordering::Relaxed);
+        e.end.store(end, Ordering::Relaxed);
+        // Release last: a reader that sees `base` sees the rest.
+        e.base.store(base, Ordering::Release);
+    }
+
+    /// If `addr` lies in a guard page of some stack, the usable size of that stack.
+    /// Async-signal-safe: atomics only.
+    pub(crate) fn guard_hit(&self, addr: usize) -> Option<usize> {
+        let n = self.len.load(Ordering::Acquire).min(MAX_ARENAS);
+        for e in &self.entries[..n] {
+            let base = e.base.load(Ordering::Acquire);
+            if base == 0 || addr < base || addr >= e.end.load(Ordering::Relaxed) {
+                continue;
+            }
+            let stride = e.stride.load(Ordering::Relaxed);
+            let usable = e.usable.load(Ordering::Relaxed);
+            return ((addr - base) % stride < stride - usable).then_some(usable);
+        }
+        None
     }
 }
 
@@ -222,12 +285,6 @@ impl FiberStack {
 
     pub(crate) fn class(&self) -> &'static SizeClass {
         self.class
-    }
-
-    /// The guard page's address range, for the stack-overflow handler.
-    #[allow(dead_code)]
-    pub(crate) fn guard_range(&self) -> (usize, usize) {
-        (self.bottom, self.bottom + self.class.stride - self.class.usable)
     }
 }
 

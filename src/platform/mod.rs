@@ -3,6 +3,10 @@
 //! `build.rs` already rejects targets without epoll, so there is a single implementation here
 //! (Linux and Android share it).
 
+pub(crate) mod epoll;
+pub(crate) mod net;
+pub(crate) mod signal;
+
 use std::io;
 use std::sync::OnceLock;
 

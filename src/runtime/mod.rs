@@ -16,20 +16,17 @@ use std::sync::OnceLock;
 use std::sync::atomic::Ordering;
 use std::thread;
 
-use crossbeam_deque::Worker;
-
 pub use builder::Builder;
 use config::Config;
 
 use crate::fiber::builder::Builder as FiberBuilder;
 use crate::fiber::{DONE, FiberRef, JoinHandle};
-use crate::scheduler::carrier::Carrier;
 use crate::scheduler::{RuntimeRef, Shared};
 
 /// A set of carrier threads running fibers. See the crate docs for an overview.
 pub struct Runtime {
     handle: Handle,
-    carriers: Vec<thread::JoinHandle<()>>,
+    supervisor: Option<thread::JoinHandle<()>>,
 }
 
 /// A cheap, cloneable, `Send + Sync` reference to a runtime, for spawning onto it from
@@ -54,32 +51,25 @@ impl Runtime {
     fn start(config: Config) -> io::Result<Runtime> {
         static RLIMIT: OnceLock<()> = OnceLock::new();
         RLIMIT.get_or_init(crate::platform::raise_nofile_limit);
+        crate::fiber::overflow::install_handler();
 
         let n = config.carriers;
-        let workers: Vec<Worker<FiberRef>> = (0..n).map(|_| Worker::new_fifo()).collect();
-        let stealers = workers.iter().map(Worker::stealer).collect();
         let cores =
             if config.pin_carriers { core_affinity::get_core_ids().unwrap_or_default() } else { Vec::new() };
         let name = config.thread_name.clone();
-        let rt = RuntimeRef::new(Shared::new(config, stealers));
-        let mut runtime = Runtime { handle: Handle { rt: rt.clone() }, carriers: Vec::with_capacity(n) };
-        for (i, worker) in workers.into_iter().enumerate() {
-            let core = (!cores.is_empty()).then(|| cores[i % cores.len()]);
-            let rt = rt.clone();
-            let t = thread::Builder::new().name(format!("{name}-{i}")).spawn(move || {
-                if let Some(core) = core {
-                    // Not fatal: a carrier that cannot be pinned still runs fibers.
-                    let _ = core_affinity::set_for_current(core);
-                }
-                rt.slots[i].thread.get_or_init(thread::current);
-                Carrier::run(i, rt, worker);
-            });
-            match t {
-                Ok(t) => runtime.carriers.push(t),
-                // Dropping `runtime` stops the carriers already started.
-                Err(e) => return Err(e),
-            }
+        let reactor = crate::net::reactor::Reactor::new()?;
+        let rt = RuntimeRef::new(Shared::new(config, reactor));
+        // From here on, dropping `runtime` stops whatever was started.
+        let mut runtime = Runtime { handle: Handle { rt: rt.clone() }, supervisor: None };
+        for i in 0..n {
+            rt.start_carrier(i, (!cores.is_empty()).then(|| cores[i % cores.len()]))?;
         }
+        let sup = rt.clone();
+        let t = thread::Builder::new().name(format!("{name}-supervisor")).spawn(move || {
+            sup.supervisor_thread.get_or_init(thread::current);
+            crate::scheduler::supervisor::run(sup);
+        })?;
+        runtime.supervisor = Some(t);
         Ok(runtime)
     }
 
@@ -108,6 +98,11 @@ impl Runtime {
     /// A handle to this runtime.
     pub fn handle(&self) -> Handle {
         self.handle.clone()
+    }
+
+    /// A snapshot of the runtime's counters (carriers, supervisor actions, parked fibers).
+    pub fn metrics(&self) -> crate::Metrics {
+        crate::Metrics::read(&self.handle.rt)
     }
 
     /// The number of carriers this runtime was built with.
@@ -185,10 +180,16 @@ impl Drop for Runtime {
             return;
         }
         rt.shutdown.store(true, Ordering::Release);
-        for i in 0..rt.slots.len() {
+        if let Some(t) = self.supervisor.take() {
+            t.thread().unpark();
+            let _ = t.join();
+        }
+        // The supervisor is gone, so no carrier starts from here on.
+        for i in 0..rt.started() {
             rt.unpark_carrier(i);
         }
-        for t in self.carriers.drain(..) {
+        let threads = std::mem::take(&mut *rt.threads.lock().unwrap_or_else(|e| e.into_inner()));
+        for t in threads {
             let _ = t.join();
         }
         cancel_all(rt);

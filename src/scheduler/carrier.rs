@@ -39,12 +39,15 @@ const STACK_CACHE: usize = 64;
 const SPIN_ROUNDS: u32 = 8;
 /// Most references a carrier keeps in stock.
 const MAX_STOCK: usize = 4 * STOCK_BATCH;
+/// How often a busy carrier polls the reactor without blocking.
+const REACTOR_POLL_INTERVAL: Duration = Duration::from_millis(1);
 
 pub(crate) struct Carrier {
     index: usize,
     rt: RuntimeRef,
     worker: Worker<FiberRef>,
-    lifo: Cell<Option<FiberRef>>,
+    /// A compensating carrier beyond the target count: it retires when no longer needed.
+    is_spare: bool,
     lifo_streak: Cell<u32>,
     tick: Cell<u32>,
     rng: Cell<u64>,
@@ -55,6 +58,7 @@ pub(crate) struct Carrier {
     searching: Cell<bool>,
     current: Cell<*const FiberRecord>,
     progress: Cell<u64>,
+    last_poll: Cell<Instant>,
 }
 
 impl Carrier {
@@ -63,7 +67,7 @@ impl Carrier {
         let c = Carrier {
             index,
             worker,
-            lifo: Cell::new(None),
+            is_spare: index >= rt.target,
             lifo_streak: Cell::new(0),
             tick: Cell::new(0),
             rng: Cell::new(0x2545_F491_4F6C_DD1D ^ ((index as u64 + 1) << 17)),
@@ -74,8 +78,11 @@ impl Carrier {
             searching: Cell::new(false),
             current: Cell::new(std::ptr::null()),
             progress: Cell::new(0),
+            last_poll: Cell::new(Instant::now()),
             rt,
         };
+        // The overflow report runs on an alternate signal stack: the fiber's own is exhausted.
+        let _altstack = crate::fiber::overflow::ensure_altstack();
         context::set_carrier(&c);
         c.run_loop();
         c.exit();
@@ -205,7 +212,7 @@ impl Carrier {
         match wake {
             Wake::Unpark => {
                 // Direct hand-off (Go's runnext): the woken fiber runs next here.
-                if let Some(prev) = self.lifo.replace(Some(f)) {
+                if let Some(prev) = self.lifo_put(f) {
                     self.push_back(prev);
                     self.rt.notify();
                 }
@@ -236,9 +243,32 @@ impl Carrier {
         self.worker.push(f);
     }
 
+    fn lifo_take(&self) -> Option<FiberRef> {
+        let slot = &self.rt.slots[self.index].lifo;
+        if slot.load(Ordering::Relaxed).is_null() {
+            return None;
+        }
+        // SAFETY: the slot holds null or a pointer from `FiberRef::into_raw`; the swap takes it
+        // out exactly once.
+        unsafe { FiberRef::from_raw(slot.swap(std::ptr::null_mut(), Ordering::Acquire)) }
+    }
+
+    fn lifo_put(&self, f: FiberRef) -> Option<FiberRef> {
+        let p = self.rt.slots[self.index].lifo.swap(FiberRef::into_raw(f), Ordering::AcqRel);
+        // SAFETY: as in `lifo_take`.
+        unsafe { FiberRef::from_raw(p) }
+    }
+
     fn run_loop(&self) {
         while !self.rt.shutdown.load(Ordering::Acquire) {
+            if self.is_spare && self.rt.try_retire(self.index) {
+                self.retire();
+                continue;
+            }
             if let Some(f) = self.next_local() {
+                // Woken as a searcher but found work at home: stop counting as one, or other
+                // carriers' notifications would wait on a search that is not happening.
+                self.found_work();
                 self.run_fiber(f);
                 continue;
             }
@@ -257,6 +287,7 @@ impl Carrier {
                     self.found_work();
                     self.run_fiber(f);
                 }
+                None if self.is_spare && self.rt.try_retire(self.index) => self.retire(),
                 None => self.park_idle(),
             }
         }
@@ -267,6 +298,7 @@ impl Carrier {
         let tick = self.tick.get().wrapping_add(1);
         self.tick.set(tick);
         if tick % GLOBAL_CHECK_INTERVAL == 0 {
+            self.poll_reactor_if_due();
             self.fire_timers();
             if let Some(f) = self.pop_inbox() {
                 return Some(f);
@@ -280,7 +312,7 @@ impl Carrier {
                 return Some(f);
             }
         }
-        if let Some(f) = self.lifo.take() {
+        if let Some(f) = self.lifo_take() {
             let streak = self.lifo_streak.get();
             if streak < MAX_LIFO_STREAK {
                 self.lifo_streak.set(streak + 1);
@@ -307,7 +339,7 @@ impl Carrier {
             return Some(f);
         }
         if self.fire_timers() > 0 {
-            if let Some(f) = self.lifo.take().or_else(|| self.worker.pop()) {
+            if let Some(f) = self.lifo_take().or_else(|| self.worker.pop()) {
                 return Some(f);
             }
         }
@@ -316,11 +348,11 @@ impl Carrier {
         }
         // A carrier busy in a long fiber cannot fire its own timers; an idle one does it.
         if self.fire_foreign_timers() > 0 {
-            if let Some(f) = self.lifo.take().or_else(|| self.worker.pop()) {
+            if let Some(f) = self.lifo_take().or_else(|| self.worker.pop()) {
                 return Some(f);
             }
         }
-        let n = self.rt.slots.len();
+        let n = self.rt.started();
         if n == 1 || !(self.searching.get() || self.rt.idle.try_search()) {
             return None;
         }
@@ -331,14 +363,26 @@ impl Carrier {
             if victim == self.index {
                 continue;
             }
-            let stealer = &self.rt.slots[victim].stealer;
+            let vslot = &self.rt.slots[victim];
             loop {
                 // Take about half of the victim's queue.
-                let limit = stealer.len().div_ceil(2).max(1);
-                match stealer.steal_batch_with_limit_and_pop(&self.worker, limit) {
+                let limit = vslot.stealer.len().div_ceil(2).max(1);
+                match vslot.stealer.steal_batch_with_limit_and_pop(&self.worker, limit) {
                     Steal::Success(f) => return Some(f),
                     Steal::Empty => break,
                     Steal::Retry => std::hint::spin_loop(),
+                }
+            }
+            // A blocked carrier cannot run the fiber it was about to run next: take it.
+            if vslot.in_blocking.load(Ordering::Relaxed) || vslot.caught.load(Ordering::Relaxed) {
+                let p = vslot.lifo.swap(std::ptr::null_mut(), Ordering::Acquire);
+                // SAFETY: as in `lifo_take`.
+                if let Some(f) = unsafe { FiberRef::from_raw(p) } {
+                    if f.home.load(Ordering::Relaxed) == NO_HOME {
+                        return Some(f);
+                    }
+                    // Pinned to the blocked carrier: it may run nowhere else.
+                    self.rt.push_inbox(victim, f);
                 }
             }
         }
@@ -364,8 +408,18 @@ impl Carrier {
     }
 
     fn run_fiber(&self, f: FiberRef) {
+        debug_assert!({
+            let home = f.home.load(Ordering::Relaxed);
+            home == NO_HOME || home == self.index
+        });
+        if f.try_claim() {
+            self.run_claimed(f);
+        }
+    }
+
+    fn run_claimed(&self, f: FiberRef) {
+        let slot = &self.rt.slots[self.index];
         self.current.set(FiberRef::as_ptr(&f));
-        f.set_running();
         if !f.started.replace(true) {
             if self.rt.config.pin_started_fibers {
                 f.home.store(self.index, Ordering::Relaxed);
@@ -377,11 +431,20 @@ impl Carrier {
                 self.current.set(std::ptr::null());
                 return;
             }
+            if slot.locations.record_run(f.spawned_at()) {
+                // Known to block: the whole fiber is a blocking section, compensated at once.
+                f.blocking_depth.set(1);
+                f.blocking_at.set(Some(f.spawned_at()));
+            }
         }
-        loop {
+        match f.blocking_at.get() {
+            Some(at) if f.blocking_depth.get() > 0 => self.enter_blocking(at),
+            _ => slot.location.store(f.spawned_at() as *const _ as *mut _, Ordering::Release),
+        }
+        let after = loop {
             let p = self.progress.get() + 1;
             self.progress.set(p);
-            self.rt.slots[self.index].progress.store(p, Ordering::Relaxed);
+            slot.progress.store(p, Ordering::Relaxed);
             // SAFETY: we popped `f` from a queue (or it was just handed to us), so this carrier
             // is the only one running it: exclusive access to its coroutine.
             let co = unsafe { f.co_mut() }.as_mut().expect("a runnable fiber has its coroutine");
@@ -392,26 +455,92 @@ impl Carrier {
                 std::process::abort()
             });
             match r {
-                CoroutineResult::Yield(Suspend::Yield) => {
-                    f.set_runnable();
-                    self.current.set(std::ptr::null());
-                    self.schedule_local(f, Wake::Yield);
-                    return;
-                }
+                CoroutineResult::Yield(Suspend::Yield) => break Some(Suspend::Yield),
                 CoroutineResult::Yield(Suspend::Park) => {
                     self.rt.registry.insert(self.index, &f);
                     if f.try_set_parked() {
-                        break;
+                        break Some(Suspend::Park);
                     }
                     // An unpark came while it was switching out: run it again at once.
                 }
-                CoroutineResult::Return(()) => {
-                    self.finish(&f);
-                    break;
-                }
+                CoroutineResult::Return(()) => break None,
+            }
+        };
+        self.switched_out();
+        match after {
+            Some(Suspend::Yield) => {
+                f.set_runnable();
+                self.current.set(std::ptr::null());
+                self.schedule_local(f, Wake::Yield);
+            }
+            Some(Suspend::Park) => self.current.set(std::ptr::null()),
+            None => {
+                self.finish(&f);
+                self.current.set(std::ptr::null());
             }
         }
-        self.current.set(std::ptr::null());
+    }
+
+    /// Bookkeeping when a fiber leaves this carrier: the supervisor's view and blocking state.
+    fn switched_out(&self) {
+        let slot = &self.rt.slots[self.index];
+        let loc = slot.location.swap(std::ptr::null_mut(), Ordering::Release);
+        if slot.caught.load(Ordering::Relaxed) && slot.caught.swap(false, Ordering::Acquire) && !loc.is_null()
+        {
+            // SAFETY: `location` only ever holds `&'static Location` pointers.
+            slot.locations.record_caught(unsafe { &*loc });
+        }
+        self.exit_blocking();
+    }
+
+    /// The running fiber is about to block this thread (a `blocking` section, or a fiber from a
+    /// known-blocking location): count this carrier as blocked and compensate now.
+    pub(crate) fn enter_blocking(&self, at: &'static std::panic::Location<'static>) {
+        let slot = &self.rt.slots[self.index];
+        slot.location.store(at as *const _ as *mut _, Ordering::Release);
+        if !slot.in_blocking.swap(true, Ordering::AcqRel) {
+            self.rt.blocked.fetch_add(1, Ordering::AcqRel);
+            self.rt.compensate();
+        }
+    }
+
+    /// The blocking section ended (or its fiber switched out).
+    pub(crate) fn exit_blocking(&self) {
+        let slot = &self.rt.slots[self.index];
+        if slot.in_blocking.load(Ordering::Relaxed) && slot.in_blocking.swap(false, Ordering::AcqRel) {
+            self.rt.blocked.fetch_sub(1, Ordering::AcqRel);
+            self.rt.shrink();
+        }
+    }
+
+    /// Marks the current fiber's location again (after a blocking section inside it ended).
+    pub(crate) fn set_location(&self, at: &'static std::panic::Location<'static>) {
+        self.rt.slots[self.index].location.store(at as *const _ as *mut _, Ordering::Release);
+    }
+
+    /// A spare that is no longer needed: hand its queued fibers to the others and park until
+    /// compensation needs it again (spare threads are reused, not churned).
+    fn retire(&self) {
+        // A carrier woken as a searcher is counted as one: give that up first, or `notify`
+        // would wait for a search that never happens.
+        if self.searching.replace(false) {
+            self.rt.idle.stop_search();
+        }
+        self.flush_to_injector();
+        self.rt.notify();
+        let slot = &self.rt.slots[self.index];
+        while slot.retired.load(Ordering::Acquire) && !self.rt.shutdown.load(Ordering::Acquire) {
+            std::thread::park();
+        }
+    }
+
+    fn flush_to_injector(&self) {
+        if let Some(f) = self.lifo_take() {
+            self.rt.injector.push(self.index, f);
+        }
+        while let Some(f) = self.worker.pop() {
+            self.rt.injector.push(self.index, f);
+        }
     }
 
     fn finish(&self, f: &FiberRef) {
@@ -439,7 +568,7 @@ impl Carrier {
     fn fire_foreign_timers(&self) -> usize {
         let now = self.rt.ns_since_epoch(Instant::now());
         let mut woken = 0;
-        for (i, slot) in self.rt.slots.iter().enumerate() {
+        for (i, slot) in self.rt.slots[..self.rt.started()].iter().enumerate() {
             if i != self.index && slot.next_deadline.load(Ordering::Relaxed) <= now {
                 woken += crate::time::fire(&self.rt, i, now, true);
             }
@@ -453,7 +582,10 @@ impl Carrier {
         rt.slots[self.index].inbox_len.load(Ordering::SeqCst) > 0
             || !rt.injector.is_empty()
             || (rt.idle.can_search()
-                && rt.slots.iter().enumerate().any(|(i, s)| i != self.index && !s.stealer.is_empty()))
+                && rt.slots[..rt.started()]
+                    .iter()
+                    .enumerate()
+                    .any(|(i, s)| i != self.index && !s.stealer.is_empty()))
             || rt.earliest_deadline() <= rt.ns_since_epoch(Instant::now())
             || rt.shutdown.load(Ordering::SeqCst)
     }
@@ -465,20 +597,51 @@ impl Carrier {
         if self.searching.replace(false) {
             idle.stop_search();
         }
+        let slot = &self.rt.slots[self.index];
+        // One idle carrier sleeps in epoll_wait as the reactor's poller (so readiness and
+        // timers share one wait); the others park their thread. The flag must be up before the
+        // carrier registers as a sleeper: whoever pops it from the sleepers list then sees the
+        // flag (SeqCst, paired with `unpark_carrier`) and wakes it through the eventfd. Raised
+        // after registering, a wake could land in the thread's park token while the carrier
+        // then blocks in epoll_wait for ever (found by the W3 chained_fork bench).
+        let mut poller = self.rt.reactor.try_poller();
+        if poller.is_some() {
+            slot.on_reactor.store(true, Ordering::SeqCst);
+        }
         idle.register(self.index);
         if !self.work_visible() {
-            match self.rt.earliest_deadline() {
-                u64::MAX => std::thread::park(),
-                at => {
-                    let now = self.rt.ns_since_epoch(Instant::now());
-                    if at > now {
-                        std::thread::park_timeout(Duration::from_nanos(at - now));
-                    }
+            let timeout = match self.rt.earliest_deadline() {
+                u64::MAX => None,
+                at => Some(Duration::from_nanos(at.saturating_sub(self.rt.ns_since_epoch(Instant::now())))),
+            };
+            match (&mut poller, timeout) {
+                (Some(p), t) => {
+                    self.rt.reactor.poll(p, t);
                 }
+                (None, None) => std::thread::park(),
+                (None, Some(t)) if !t.is_zero() => std::thread::park_timeout(t),
+                (None, Some(_)) => {}
             }
+        }
+        if poller.take().is_some() {
+            slot.on_reactor.store(false, Ordering::Relaxed);
         }
         if let super::idle::Unregister::WasNotified = idle.unregister(self.index) {
             self.searching.set(true);
+        }
+        self.rt.supervisor_wake();
+    }
+
+    /// Under load no carrier sleeps in the reactor, so busy carriers poll it without blocking,
+    /// at most once per `REACTOR_POLL_INTERVAL` each (Go's scheduler and sysmon do the same).
+    fn poll_reactor_if_due(&self) {
+        let now = Instant::now();
+        if now.duration_since(self.last_poll.get()) < REACTOR_POLL_INTERVAL {
+            return;
+        }
+        self.last_poll.set(now);
+        if let Some(mut p) = self.rt.reactor.try_poller() {
+            self.rt.reactor.poll(&mut p, Some(Duration::ZERO));
         }
     }
 
@@ -488,12 +651,7 @@ impl Carrier {
         if self.searching.replace(false) {
             self.rt.idle.stop_search();
         }
-        if let Some(f) = self.lifo.take() {
-            self.rt.injector.push(self.index, f);
-        }
-        while let Some(f) = self.worker.pop() {
-            self.rt.injector.push(self.index, f);
-        }
+        self.flush_to_injector();
         // SAFETY: as in `take_stack`; no fiber runs any more.
         let cache = unsafe { &mut *self.stacks.get() };
         self.rt.stacks.give_batch(cache.drain(..));

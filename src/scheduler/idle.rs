@@ -105,6 +105,11 @@ impl Idle {
         true
     }
 
+    /// Carriers sleeping now.
+    pub(crate) fn sleeping_count(&self) -> usize {
+        self.counts.load(Ordering::SeqCst) / SLEEPER
+    }
+
     /// Whether a carrier could start searching now.
     pub(crate) fn can_search(&self) -> bool {
         2 * (self.counts.load(Ordering::SeqCst) & SEARCHING_MASK) < self.carriers

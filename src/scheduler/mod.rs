@@ -9,20 +9,24 @@
 pub(crate) mod carrier;
 mod idle;
 mod injector;
+pub(crate) mod locations;
 mod registry;
+pub(crate) mod supervisor;
 
 use std::collections::VecDeque;
 use std::ptr::NonNull;
 
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::panic::Location;
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicPtr, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Mutex, OnceLock};
 use std::thread::Thread;
 use std::time::Instant;
 
-use crossbeam_deque::Stealer;
+use crossbeam_deque::{Stealer, Worker};
 
 use crate::fiber::stack::SizeClass;
 use crate::fiber::{FiberRecord, FiberRef, NO_HOME};
+use crate::net::reactor::Reactor;
 use crate::runtime::config::Config;
 use crate::runtime::context;
 use crate::time::TimerHeap;
@@ -69,6 +73,26 @@ pub(crate) struct CarrierSlot {
     pub(crate) thread: OnceLock<Thread>,
     /// Bumped by the carrier at every fiber switch (single writer); the supervisor samples it.
     pub(crate) progress: AtomicU64,
+    /// The carrier sleeps in `epoll_wait` (as the reactor's poller), not in a thread park:
+    /// waking it takes the reactor's eventfd.
+    pub(crate) on_reactor: AtomicBool,
+    /// The fiber this carrier runs next (a `FiberRef` as a raw pointer, or null). Only the
+    /// owner puts fibers here; a compensating carrier may take one out of a blocked owner.
+    pub(crate) lifo: AtomicPtr<FiberRecord>,
+    /// Location of the fiber running now (its spawn site, or its `blocking` call site), or null
+    /// between fibers. Written by the carrier at every switch; sampled by the supervisor.
+    pub(crate) location: AtomicPtr<Location<'static>>,
+    /// The fiber running here declared (or is known) to block its thread; the carrier counts
+    /// itself in `Shared::blocked` while this is set.
+    pub(crate) in_blocking: AtomicBool,
+    /// Set by the supervisor when it catches this carrier blocked; the carrier records the
+    /// location in its map when the fiber switches out, and clears it.
+    pub(crate) caught: AtomicBool,
+    /// The carrier thread's kernel id, for `/proc/self/task/<tid>/stat`.
+    pub(crate) tid: AtomicI32,
+    pub(crate) locations: locations::LocationMap,
+    /// A spare carrier parked until compensation needs it again.
+    pub(crate) retired: AtomicBool,
 }
 
 /// State shared by a runtime's carriers and by everyone who schedules onto it.
@@ -83,6 +107,27 @@ pub(crate) struct Shared {
     pub(crate) shutdown: AtomicBool,
     pub(crate) epoch: Instant,
     pub(crate) stacks: &'static SizeClass,
+    pub(crate) reactor: Reactor,
+    /// Carriers the runtime aims to have running fibers (`config.carriers`).
+    pub(crate) target: usize,
+    /// Slots `0..started` have (or had) a thread.
+    started: AtomicUsize,
+    /// Carriers not retired.
+    pub(crate) active: AtomicUsize,
+    /// Carriers blocked in the OS (detected by the supervisor or declared by `blocking`).
+    pub(crate) blocked: AtomicUsize,
+    pub(crate) peak: AtomicUsize,
+    pub(crate) detections: AtomicU64,
+    pub(crate) compensations: AtomicU64,
+    /// Retired spare carriers, parked, to reuse before starting new threads.
+    spares: Mutex<Vec<usize>>,
+    /// The deques of slots that have no thread yet.
+    unstarted: Mutex<Vec<Option<Worker<FiberRef>>>>,
+    /// Carrier threads to join at shutdown.
+    pub(crate) threads: Mutex<Vec<std::thread::JoinHandle<()>>>,
+    pub(crate) supervisor_thread: OnceLock<Thread>,
+    pub(crate) supervisor_sleeping: AtomicBool,
+    pub(crate) known: Mutex<Vec<supervisor::Known>>,
     /// Unused fiber records, beyond what the carriers cache.
     records: Mutex<Vec<RecordPtr>>,
 }
@@ -107,8 +152,11 @@ impl Drop for Shared {
 }
 
 impl Shared {
-    pub(crate) fn new(config: Config, stealers: Vec<Stealer<FiberRef>>) -> Shared {
+    /// State for `config.max_carriers` carrier slots; no thread is started yet.
+    pub(crate) fn new(config: Config, reactor: Reactor) -> Shared {
         let n = config.carriers;
+        let workers: Vec<Worker<FiberRef>> = (0..config.max_carriers).map(|_| Worker::new_fifo()).collect();
+        let stealers: Vec<Stealer<FiberRef>> = workers.iter().map(Worker::stealer).collect();
         let stacks = SizeClass::get(config.stack_size);
         Shared {
             refs: AtomicUsize::new(0),
@@ -123,17 +171,155 @@ impl Shared {
                         next_deadline: AtomicU64::new(u64::MAX),
                         thread: OnceLock::new(),
                         progress: AtomicU64::new(0),
+                        on_reactor: AtomicBool::new(false),
+                        lifo: AtomicPtr::new(std::ptr::null_mut()),
+                        location: AtomicPtr::new(std::ptr::null_mut()),
+                        in_blocking: AtomicBool::new(false),
+                        caught: AtomicBool::new(false),
+                        tid: AtomicI32::new(0),
+                        locations: locations::LocationMap::default(),
+                        retired: AtomicBool::new(false),
                     })
                 })
                 .collect(),
             injector: Injector::new(n),
             idle: Idle::new(n),
-            registry: Registry::new(n),
+            registry: Registry::new(config.max_carriers),
             shutdown: AtomicBool::new(false),
             epoch: Instant::now(),
             stacks,
             config,
             records: Mutex::new(Vec::new()),
+            reactor,
+            target: n,
+            started: AtomicUsize::new(0),
+            active: AtomicUsize::new(0),
+            blocked: AtomicUsize::new(0),
+            peak: AtomicUsize::new(0),
+            detections: AtomicU64::new(0),
+            compensations: AtomicU64::new(0),
+            spares: Mutex::new(Vec::new()),
+            unstarted: Mutex::new(workers.into_iter().map(Some).collect()),
+            threads: Mutex::new(Vec::new()),
+            supervisor_thread: OnceLock::new(),
+            supervisor_sleeping: AtomicBool::new(false),
+            known: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// Slots `0..started()` have had a thread; the others are empty.
+    pub(crate) fn started(&self) -> usize {
+        self.started.load(Ordering::Acquire)
+    }
+
+    /// Starts the carrier thread of slot `i` (its deque waits in `unstarted`).
+    pub(crate) fn start_carrier(&self, i: usize, core: Option<core_affinity::CoreId>) -> std::io::Result<()> {
+        let worker =
+            self.unstarted.lock().unwrap_or_else(|e| e.into_inner())[i].take().expect("slot not started");
+        // SAFETY: the caller holds a reference to this runtime (we are inside it), so the count
+        // is positive and the new reference is sound.
+        let rt = unsafe { RuntimeRef::from_shared(self) };
+        let name = format!("{}-{i}", self.config.thread_name);
+        self.active.fetch_add(1, Ordering::AcqRel);
+        self.started.fetch_max(i + 1, Ordering::AcqRel);
+        let spawned = std::thread::Builder::new().name(name).spawn(move || {
+            if let Some(core) = core {
+                // Not fatal: a carrier that cannot be pinned still runs fibers.
+                let _ = core_affinity::set_for_current(core);
+            }
+            rt.slots[i].thread.get_or_init(std::thread::current);
+            // SAFETY: gettid has no preconditions.
+            rt.slots[i].tid.store(unsafe { libc::gettid() }, Ordering::Relaxed);
+            carrier::Carrier::run(i, rt, worker);
+        });
+        match spawned {
+            Ok(t) => {
+                self.threads.lock().unwrap_or_else(|e| e.into_inner()).push(t);
+                self.peak.fetch_max(self.active.load(Ordering::Relaxed), Ordering::Relaxed);
+                Ok(())
+            }
+            Err(e) => {
+                self.active.fetch_sub(1, Ordering::AcqRel);
+                Err(e)
+            }
+        }
+    }
+
+    /// Makes sure `target` carriers can run fibers while some are blocked: wakes a retired
+    /// spare, or starts a new carrier, within `max_carriers`.
+    pub(crate) fn compensate(&self) {
+        loop {
+            let active = self.active.load(Ordering::Acquire);
+            let blocked = self.blocked.load(Ordering::Acquire);
+            if active.saturating_sub(blocked) >= self.target
+                || active >= self.config.max_carriers
+                || self.shutdown.load(Ordering::Acquire)
+            {
+                return;
+            }
+            let spare = self.spares.lock().unwrap_or_else(|e| e.into_inner()).pop();
+            if let Some(i) = spare {
+                self.active.fetch_add(1, Ordering::AcqRel);
+                self.slots[i].retired.store(false, Ordering::Release);
+                self.unpark_carrier(i);
+            } else {
+                let next = {
+                    let u = self.unstarted.lock().unwrap_or_else(|e| e.into_inner());
+                    u.iter().position(Option::is_some)
+                };
+                match next {
+                    Some(i) if self.start_carrier(i, None).is_ok() => {}
+                    // Out of slots or threads: nothing more to do.
+                    _ => return,
+                }
+            }
+            self.compensations.fetch_add(1, Ordering::Relaxed);
+            self.peak.fetch_max(self.active.load(Ordering::Relaxed), Ordering::Relaxed);
+        }
+    }
+
+    /// A spare carrier with nothing to do while enough others run: retire it (park it as a
+    /// spare) unless that would leave fewer than `target` unblocked carriers.
+    pub(crate) fn try_retire(&self, i: usize) -> bool {
+        let mut active = self.active.load(Ordering::Acquire);
+        loop {
+            let blocked = self.blocked.load(Ordering::Acquire);
+            if active.saturating_sub(blocked) <= self.target {
+                return false;
+            }
+            match self.active.compare_exchange(active, active - 1, Ordering::AcqRel, Ordering::Acquire) {
+                Ok(_) => break,
+                Err(a) => active = a,
+            }
+        }
+        self.slots[i].retired.store(true, Ordering::Release);
+        self.spares.lock().unwrap_or_else(|e| e.into_inner()).push(i);
+        true
+    }
+
+    /// More carriers run than the target now that a block ended: wake one sleeping spare so it
+    /// retires (a busy spare retires by itself between fibers).
+    pub(crate) fn shrink(&self) {
+        let surplus =
+            self.active.load(Ordering::Acquire).saturating_sub(self.blocked.load(Ordering::Acquire));
+        if surplus <= self.target {
+            return;
+        }
+        for i in self.target..self.started() {
+            if !self.slots[i].retired.load(Ordering::Acquire) && self.idle.notify_carrier(i) {
+                self.unpark_carrier(i);
+                return;
+            }
+        }
+    }
+
+    /// A carrier became busy: if the supervisor sleeps (every carrier was idle), wake it.
+    pub(crate) fn supervisor_wake(&self) {
+        // SeqCst pairs with `supervisor::sleep_until_work`.
+        if self.supervisor_sleeping.load(Ordering::SeqCst) {
+            if let Some(t) = self.supervisor_thread.get() {
+                t.unpark();
+            }
         }
     }
 
@@ -205,11 +391,20 @@ impl Shared {
         if let Some(t) = self.slots[i].thread.get() {
             t.unpark();
         }
+        // SeqCst pairs with the store in `Carrier::park_idle`: either we see the carrier is
+        // polling, or its re-check (after the store) sees the work we made visible.
+        if self.slots[i].on_reactor.load(Ordering::SeqCst) {
+            self.reactor.wake();
+        }
     }
 
     /// Earliest timer deadline over all carriers (ns since epoch), or `u64::MAX`.
     pub(crate) fn earliest_deadline(&self) -> u64 {
-        self.slots.iter().map(|s| s.next_deadline.load(Ordering::Relaxed)).min().unwrap_or(u64::MAX)
+        self.slots[..self.started()]
+            .iter()
+            .map(|s| s.next_deadline.load(Ordering::Relaxed))
+            .min()
+            .unwrap_or(u64::MAX)
     }
 }
 
@@ -245,6 +440,15 @@ impl RuntimeRef {
     /// Adds `n` references at once and returns them as a stock count.
     pub(crate) fn acquire_stock(&self, n: usize) {
         self.refs.fetch_add(n, Ordering::Relaxed);
+    }
+
+    /// A new counted reference to `shared`.
+    ///
+    /// # Safety
+    /// `shared` must be owned by a `RuntimeRef` allocation that some live reference keeps alive.
+    pub(crate) unsafe fn from_shared(shared: &Shared) -> RuntimeRef {
+        shared.refs.fetch_add(1, Ordering::Relaxed);
+        RuntimeRef(NonNull::from(shared))
     }
 
     /// Materialises one reference from a stock the caller owns.

@@ -68,7 +68,6 @@ impl Registry {
     }
 
     /// Parked fibers entered now (a snapshot).
-    #[allow(dead_code)]
     pub(crate) fn len(&self) -> usize {
         self.shards
             .iter()

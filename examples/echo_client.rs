@@ -1,0 +1,82 @@
+//! A load generator for `echo_server`: many client fibers, each on its own connection, send
+//! messages one at a time and check every echoed byte. Reports throughput and the p50/p99
+//! round-trip latency.
+//!
+//! Run: `cargo run --release --example echo_client -- --conns 1000 --msgs 1000 --size 64`
+//! Flags: `--addr HOST:PORT` (default 127.0.0.1:7000), `--conns N` (default 100), `--msgs N`
+//! per connection (default 1000), `--size BYTES` (default 64), `--carriers N`.
+
+use std::io::{Read, Write};
+use std::time::{Duration, Instant};
+use virtual_threads as vt;
+
+/// One connection's run: its round-trip times.
+fn client(addr: &str, msgs: usize, size: usize, seed: usize) -> std::io::Result<Vec<Duration>> {
+    let mut conn = vt::net::TcpStream::connect(addr)?;
+    conn.set_nodelay(true)?;
+    let mut out = vec![0u8; size];
+    let mut back = vec![0u8; size];
+    let mut rtts = Vec::with_capacity(msgs);
+    for m in 0..msgs {
+        out.iter_mut().enumerate().for_each(|(i, b)| *b = (i ^ m ^ seed) as u8);
+        let start = Instant::now();
+        conn.write_all(&out)?;
+        conn.read_exact(&mut back)?;
+        rtts.push(start.elapsed());
+        if back != out {
+            return Err(std::io::Error::other(format!("connection {seed}: message {m} came back corrupted")));
+        }
+    }
+    Ok(rtts)
+}
+
+fn main() {
+    let (mut addr, mut conns, mut msgs, mut size, mut carriers) =
+        ("127.0.0.1:7000".to_string(), 100, 1000, 64, None);
+    let mut args = std::env::args().skip(1);
+    while let Some(flag) = args.next() {
+        let value = args.next().unwrap_or_else(|| fail(&format!("{flag} needs a value")));
+        let num = || value.parse::<usize>().unwrap_or_else(|_| fail(&format!("{flag}: a number")));
+        match flag.as_str() {
+            "--addr" => addr = value.clone(),
+            "--conns" => conns = num(),
+            "--msgs" => msgs = num(),
+            "--size" => size = num().max(1),
+            "--carriers" => carriers = Some(num()),
+            _ => fail(&format!("unknown flag {flag}")),
+        }
+    }
+    let mut builder = vt::Runtime::builder();
+    if let Some(n) = carriers {
+        builder = builder.carriers(n);
+    }
+    let rt = builder.build().unwrap_or_else(|e| fail(&format!("cannot build the runtime: {e}")));
+    let start = Instant::now();
+    let mut rtts: Vec<Duration> = rt.block_on(|| {
+        let fibers: Vec<_> = (0..conns)
+            .map(|c| {
+                let addr = addr.clone();
+                vt::spawn(move || client(&addr, msgs, size, c))
+            })
+            .collect();
+        let results = fibers.into_iter().map(|f| f.join().unwrap());
+        results.flat_map(|r| r.unwrap_or_else(|e| fail(&e.to_string()))).collect()
+    });
+    let secs = start.elapsed().as_secs_f64();
+    rtts.sort_unstable();
+    let pct = |p: f64| rtts[((rtts.len() as f64 * p) as usize).min(rtts.len() - 1)];
+    let n = rtts.len() as f64;
+    println!(
+        "{conns} connections x {msgs} messages of {size} B: {:.0} round trips/s, {:.1} MB/s each way; \
+         latency p50 {:?}, p99 {:?}",
+        n / secs,
+        n * size as f64 / secs / 1e6,
+        pct(0.50),
+        pct(0.99)
+    );
+}
+
+fn fail(msg: &str) -> ! {
+    eprintln!("echo_client: {msg}");
+    std::process::exit(2)
+}

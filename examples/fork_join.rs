@@ -1,0 +1,75 @@
+//! Fork-join, workload W1 of `shared/bench/WORKLOADS.md`: one op spawns n fibers that each
+//! return their index, joins them in spawn order, sums the results and checks the sum. It measures
+//! what a fiber costs from spawn to join: ops per second (median, min and max over the timed ops)
+//! and nanoseconds per fiber (the median op divided by n).
+//!
+//! Run: `cargo run --release --example fork_join -- --n 100000`
+//! Flags: `--n N` fibers per op (default 10,000), `--iters K` timed ops (default 200),
+//! `--carriers C` (default: the runtime's, one per usable CPU).
+
+use std::time::Instant;
+use virtual_threads as vt;
+
+/// One op: spawn n fibers, join them in spawn order, return the sum of their results.
+fn fork_join(n: u64) -> u64 {
+    let fibers: Vec<_> = (0..n).map(|i| vt::spawn(move || i)).collect();
+    fibers.into_iter().map(|f| f.join().unwrap()).sum()
+}
+
+fn main() {
+    let (n, iters, carriers) = parse_args().unwrap_or_else(|e| fail(&e));
+    let mut builder = vt::Runtime::builder();
+    if let Some(c) = carriers {
+        builder = builder.carriers(c);
+    }
+    let rt = builder.build().unwrap_or_else(|e| fail(&format!("cannot build the runtime: {e}")));
+    let expected = n * (n - 1) / 2;
+    let warm_up = (iters / 10).max(3);
+    let mut secs: Vec<f64> = rt.block_on(|| {
+        let op = || {
+            let start = Instant::now();
+            let sum = fork_join(n);
+            let secs = start.elapsed().as_secs_f64();
+            if sum != expected {
+                fail(&format!("wrong sum {sum}, expected {expected}"));
+            }
+            secs
+        };
+        for _ in 0..warm_up {
+            op();
+        }
+        (0..iters).map(|_| op()).collect()
+    });
+    secs.sort_by(f64::total_cmp);
+    let (median, fastest, slowest) = (secs[iters / 2], secs[0], secs[iters - 1]);
+    let carriers = rt.carriers();
+    println!("fork_join: {n} fibers per op, {carriers} carriers, {iters} ops ({warm_up} warm-up)");
+    let (ops, min, max) = (1.0 / median, 1.0 / slowest, 1.0 / fastest);
+    println!("  throughput {ops:>10.0} ops/s  median (min {min:.0}, max {max:.0})");
+    let per_fiber = median * 1e9 / n as f64;
+    println!("  per fiber  {per_fiber:>10.1} ns     median (spawn, run, join)");
+}
+
+/// `--n N`, `--iters K`, `--carriers C`, by hand.
+fn parse_args() -> Result<(u64, usize, Option<usize>), String> {
+    let (mut n, mut iters, mut carriers) = (10_000, 200, None);
+    let mut args = std::env::args().skip(1);
+    while let Some(flag) = args.next() {
+        let known = ["--n", "--iters", "--carriers"].contains(&flag.as_str());
+        let number = args.next().filter(|_| known).and_then(|v| v.parse::<usize>().ok());
+        let number = number.ok_or(format!("bad argument {flag} (usage: --n N --iters K --carriers C)"))?;
+        match flag.as_str() {
+            "--n" if number > 0 => n = number as u64,
+            "--iters" if number > 0 => iters = number,
+            "--carriers" => carriers = Some(number),
+            _ => return Err(format!("{flag} must be at least 1")),
+        }
+    }
+    Ok((n, iters, carriers))
+}
+
+/// Reports an error on stderr and exits with status 1.
+fn fail(message: &str) -> ! {
+    eprintln!("fork_join: {message}");
+    std::process::exit(1)
+}

@@ -1,0 +1,287 @@
+//! Multi-producer multi-consumer channels whose blocked senders and receivers park their
+//! *fiber* (or plain thread), in crossbeam-channel's shapes: [`bounded`] (with `bounded(0)` a
+//! rendezvous), [`unbounded`], [`oneshot`], and [`select!`](crate::select).
+//!
+//! Design (Go's channel, with crossbeam's one-shot waiter state for `select!`): one
+//! implementation serves every flavour, a buffer of the flavour's capacity plus FIFO queues of
+//! blocked senders and receivers behind one short inner lock. A blocked operation is completed
+//! directly by its counterpart (a send hands its message to a waiting receiver; a receive takes
+//! a waiting sender's message), so the woken fiber needs no retry, and the runtime runs it next
+//! on the waker's carrier (its LIFO slot), which is what makes ping-pong cheap. A blocked
+//! operation needs one heap slot, reused from the channel's few spare ones when possible, so a
+//! steady blocking pattern does not allocate (`select!` allocates one per arm); operations
+//! that do not block allocate nothing (beyond an unbounded buffer's growth). No message is
+//! lost or delivered twice, even when a timeout races a hand-off: see `arch/sync.md` for the
+//! proof sketch.
+
+mod chan;
+mod error;
+pub mod oneshot;
+#[doc(hidden)]
+pub mod select;
+
+use std::fmt;
+use std::time::{Duration, Instant};
+
+use crate::sync::loom::{Arc, Ordering};
+use chan::{Chan, UNBOUNDED};
+
+pub use error::{RecvError, RecvTimeoutError, SendError, SendTimeoutError, TryRecvError, TrySendError};
+
+/// Creates a channel that holds at most `cap` messages; `bounded(0)` is a rendezvous, where a
+/// send completes only when a receiver takes the message.
+///
+/// ```
+/// use virtual_threads as vt;
+///
+/// let (tx, rx) = vt::channel::bounded(1);
+/// let h = vt::spawn(move || tx.send(7).unwrap());
+/// assert_eq!(rx.recv(), Ok(7));
+/// h.join().unwrap();
+/// ```
+pub fn bounded<T>(cap: usize) -> (Sender<T>, Receiver<T>) {
+    assert!(cap < UNBOUNDED, "capacity too large");
+    let chan = Arc::new(Chan::new(cap));
+    (Sender { chan: chan.clone() }, Receiver { chan })
+}
+
+/// Creates a channel of unlimited capacity: sends never block.
+pub fn unbounded<T>() -> (Sender<T>, Receiver<T>) {
+    let chan = Arc::new(Chan::new(UNBOUNDED));
+    (Sender { chan: chan.clone() }, Receiver { chan })
+}
+
+fn deadline_after(timeout: Duration) -> Option<Instant> {
+    // An unrepresentable deadline is as good as none.
+    Instant::now().checked_add(timeout)
+}
+
+/// The sending half of a channel; clone it for more producers.
+pub struct Sender<T> {
+    chan: Arc<Chan<T>>,
+}
+
+/// The receiving half of a channel; clone it for more consumers.
+pub struct Receiver<T> {
+    chan: Arc<Chan<T>>,
+}
+
+impl<T> Sender<T> {
+    /// Sends `msg`, parking while the channel is full (for `bounded(0)`: until a receiver takes
+    /// it). `Err` hands the message back if every receiver is gone.
+    pub fn send(&self, msg: T) -> Result<(), SendError<T>> {
+        self.chan.send(msg, None).map_err(|err| SendError(err.into_inner()))
+    }
+
+    /// Sends `msg` if that needs no wait.
+    pub fn try_send(&self, msg: T) -> Result<(), TrySendError<T>> {
+        self.chan.try_send(msg)
+    }
+
+    /// Sends `msg`, parking for at most `timeout`.
+    pub fn send_timeout(&self, msg: T, timeout: Duration) -> Result<(), SendTimeoutError<T>> {
+        self.chan.send(msg, deadline_after(timeout))
+    }
+
+    /// Sends `msg`, parking until `deadline` at most.
+    pub fn send_deadline(&self, msg: T, deadline: Instant) -> Result<(), SendTimeoutError<T>> {
+        self.chan.send(msg, Some(deadline))
+    }
+
+    /// Messages in the buffer now (racy by design).
+    pub fn len(&self) -> usize {
+        self.chan.len()
+    }
+
+    /// Whether the buffer is empty now (racy by design).
+    pub fn is_empty(&self) -> bool {
+        self.chan.len() == 0
+    }
+
+    /// Whether the buffer is full now (racy by design); always true for `bounded(0)`.
+    pub fn is_full(&self) -> bool {
+        self.chan.is_full()
+    }
+
+    /// The capacity; `None` if unbounded.
+    pub fn capacity(&self) -> Option<usize> {
+        self.chan.capacity()
+    }
+
+    /// Whether both handles belong to the same channel.
+    pub fn same_channel(&self, other: &Sender<T>) -> bool {
+        Arc::ptr_eq(&self.chan, &other.chan)
+    }
+
+    pub(crate) fn chan(&self) -> &Chan<T> {
+        &self.chan
+    }
+}
+
+impl<T> Receiver<T> {
+    /// Receives a message, parking while the channel is empty. `Err` once the channel is empty
+    /// and every sender is gone.
+    pub fn recv(&self) -> Result<T, RecvError> {
+        self.chan.recv(None).map_err(|_| RecvError)
+    }
+
+    /// Receives a message if one is ready.
+    pub fn try_recv(&self) -> Result<T, TryRecvError> {
+        self.chan.try_recv()
+    }
+
+    /// Receives a message, parking for at most `timeout`.
+    pub fn recv_timeout(&self, timeout: Duration) -> Result<T, RecvTimeoutError> {
+        self.chan.recv(deadline_after(timeout))
+    }
+
+    /// Receives a message, parking until `deadline` at most.
+    pub fn recv_deadline(&self, deadline: Instant) -> Result<T, RecvTimeoutError> {
+        self.chan.recv(Some(deadline))
+    }
+
+    /// A blocking iterator; it ends when the channel is empty and disconnected.
+    pub fn iter(&self) -> Iter<'_, T> {
+        Iter { rx: self }
+    }
+
+    /// An iterator over the messages ready now; it never blocks.
+    pub fn try_iter(&self) -> TryIter<'_, T> {
+        TryIter { rx: self }
+    }
+
+    /// Messages in the buffer now (racy by design).
+    pub fn len(&self) -> usize {
+        self.chan.len()
+    }
+
+    /// Whether the buffer is empty now (racy by design).
+    pub fn is_empty(&self) -> bool {
+        self.chan.len() == 0
+    }
+
+    /// Whether the buffer is full now (racy by design); always true for `bounded(0)`.
+    pub fn is_full(&self) -> bool {
+        self.chan.is_full()
+    }
+
+    /// The capacity; `None` if unbounded.
+    pub fn capacity(&self) -> Option<usize> {
+        self.chan.capacity()
+    }
+
+    /// Whether both handles belong to the same channel.
+    pub fn same_channel(&self, other: &Receiver<T>) -> bool {
+        Arc::ptr_eq(&self.chan, &other.chan)
+    }
+
+    pub(crate) fn chan(&self) -> &Chan<T> {
+        &self.chan
+    }
+}
+
+impl<T> Clone for Sender<T> {
+    fn clone(&self) -> Sender<T> {
+        // Relaxed: a handle is made from a live one, so the count cannot reach zero meanwhile.
+        self.chan.senders.fetch_add(1, Ordering::Relaxed);
+        Sender { chan: self.chan.clone() }
+    }
+}
+
+impl<T> Drop for Sender<T> {
+    fn drop(&mut self) {
+        // AcqRel: the last handle's disconnect must follow every other handle's last use.
+        if self.chan.senders.fetch_sub(1, Ordering::AcqRel) == 1 {
+            self.chan.disconnect_senders();
+        }
+    }
+}
+
+impl<T> Clone for Receiver<T> {
+    fn clone(&self) -> Receiver<T> {
+        // Relaxed: as for `Sender::clone`.
+        self.chan.receivers.fetch_add(1, Ordering::Relaxed);
+        Receiver { chan: self.chan.clone() }
+    }
+}
+
+impl<T> Drop for Receiver<T> {
+    fn drop(&mut self) {
+        // AcqRel: as for `Sender::drop`.
+        if self.chan.receivers.fetch_sub(1, Ordering::AcqRel) == 1 {
+            self.chan.disconnect_receivers();
+        }
+    }
+}
+
+impl<T> fmt::Debug for Sender<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Sender").finish_non_exhaustive()
+    }
+}
+
+impl<T> fmt::Debug for Receiver<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Receiver").finish_non_exhaustive()
+    }
+}
+
+/// Blocking iterator over a [`Receiver`]'s messages.
+#[derive(Debug)]
+pub struct Iter<'a, T> {
+    rx: &'a Receiver<T>,
+}
+
+/// Non-blocking iterator over the messages ready in a [`Receiver`].
+#[derive(Debug)]
+pub struct TryIter<'a, T> {
+    rx: &'a Receiver<T>,
+}
+
+/// Owning blocking iterator over a [`Receiver`]'s messages.
+#[derive(Debug)]
+pub struct IntoIter<T> {
+    rx: Receiver<T>,
+}
+
+impl<T> Iterator for Iter<'_, T> {
+    type Item = T;
+
+    fn next(&mut self) -> Option<T> {
+        self.rx.recv().ok()
+    }
+}
+
+impl<T> Iterator for TryIter<'_, T> {
+    type Item = T;
+
+    fn next(&mut self) -> Option<T> {
+        self.rx.try_recv().ok()
+    }
+}
+
+impl<T> Iterator for IntoIter<T> {
+    type Item = T;
+
+    fn next(&mut self) -> Option<T> {
+        self.rx.recv().ok()
+    }
+}
+
+impl<'a, T> IntoIterator for &'a Receiver<T> {
+    type Item = T;
+    type IntoIter = Iter<'a, T>;
+
+    fn into_iter(self) -> Iter<'a, T> {
+        self.iter()
+    }
+}
+
+impl<T> IntoIterator for Receiver<T> {
+    type Item = T;
+    type IntoIter = IntoIter<T>;
+
+    fn into_iter(self) -> IntoIter<T> {
+        IntoIter { rx: self }
+    }
+}

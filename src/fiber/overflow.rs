@@ -1,0 +1,109 @@
+//! The stack-overflow report: a fiber that runs off its stack hits its guard page, and instead
+//! of a bare SIGSEGV (std's handler knows only the *thread's* guard page) the process stops with
+//! a message that names the fiber, its stack size and the fix, as std does for threads.
+//!
+//! The handler runs on the carrier's alternate signal stack (`SA_ONSTACK`), decides in a table
+//! lookup whether the faulting address is a fiber guard page, formats into a buffer on its own
+//! stack (no allocation, no locks) and aborts. Any other fault goes to the previous handler.
+//! Recovering instead is not offered: corosensei can resume the resumer, but the fiber's frames
+//! would be discarded without running destructors (a held lock stays locked for ever).
+
+use std::fmt::Write as _;
+use std::sync::OnceLock;
+
+use super::stack::ARENAS;
+use crate::platform::signal;
+use crate::runtime::context;
+
+struct Previous {
+    segv: libc::sigaction,
+    bus: libc::sigaction,
+}
+
+static PREVIOUS: OnceLock<Previous> = OnceLock::new();
+
+/// Installs the handler once per process (the first runtime does it).
+pub(crate) fn install_handler() {
+    PREVIOUS.get_or_init(|| {
+        // Failing to install only loses the nicer message; the guard page still stops the fault.
+        let segv = signal::install(libc::SIGSEGV, on_fault).unwrap_or_else(|_| zeroed());
+        let bus = signal::install(libc::SIGBUS, on_fault).unwrap_or_else(|_| zeroed());
+        Previous { segv, bus }
+    });
+}
+
+fn zeroed() -> libc::sigaction {
+    // SAFETY: an all-zero sigaction is SIG_DFL with no flags.
+    unsafe { std::mem::MaybeUninit::zeroed().assume_init() }
+}
+
+/// Gives a carrier an alternate signal stack if it has none (std gives one to its own threads
+/// when its handler is installed; not every embedding does that).
+pub(crate) fn ensure_altstack() -> Option<signal::AltStack> {
+    if signal::has_altstack() { None } else { signal::AltStack::install().ok() }
+}
+
+/// A `fmt::Write` into a fixed buffer: formatting without allocating, as a handler must.
+struct Buf {
+    bytes: [u8; 1024],
+    len: usize,
+}
+
+impl std::fmt::Write for Buf {
+    fn write_str(&mut self, s: &str) -> std::fmt::Result {
+        let n = s.len().min(self.bytes.len() - self.len);
+        self.bytes[self.len..self.len + n].copy_from_slice(&s.as_bytes()[..n]);
+        self.len += n;
+        Ok(())
+    }
+}
+
+extern "C" fn on_fault(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut libc::c_void) {
+    // SAFETY: the kernel passes a valid siginfo to an SA_SIGINFO handler.
+    let addr = unsafe { (*info).si_addr() } as usize;
+    if let Some(usable) = ARENAS.guard_hit(addr) {
+        let mut b = Buf { bytes: [0; 1024], len: 0 };
+        let _ = write!(b, "\nfiber ");
+        let rec = context::current_fiber();
+        if rec.is_null() {
+            let _ = write!(b, "<unknown>");
+        } else {
+            // SAFETY: the faulting fiber is the current one of this carrier and its record is
+            // live while it runs; we only read immutable fields.
+            let rec = unsafe { &*rec };
+            let _ = write!(b, "{}", rec.id());
+            if let Some(name) = rec.name() {
+                let _ = write!(b, " '{name}'");
+            }
+            let _ = write!(b, " (spawned at {})", rec.spawned_at());
+        }
+        let _ = write!(
+            b,
+            " has overflowed its stack of {} KiB\nfatal runtime error: fiber stack overflow; give it a \
+             larger stack with vt::Builder::new().stack_size(..) or runtime::Builder::stack_size(..), \
+             aborting\n",
+            usable / 1024
+        );
+        signal::write_stderr(&b.bytes[..b.len]);
+        signal::abort();
+    }
+    // Not ours: hand the fault to whoever handled it before (std's handler reports the
+    // thread's own guard page, and otherwise restores the default action).
+    let Some(prev) = PREVIOUS.get() else { return };
+    let action = if sig == libc::SIGBUS { &prev.bus } else { &prev.segv };
+    let h = action.sa_sigaction;
+    if h == libc::SIG_DFL || h == libc::SIG_IGN {
+        // Re-install it; returning re-executes the faulting instruction, which now faults
+        // with the default action (the process dies with SIGSEGV, as it would have).
+        signal::restore(sig, action);
+    } else if action.sa_flags & libc::SA_SIGINFO != 0 {
+        // SAFETY: the previous handler was installed as an SA_SIGINFO handler with this type.
+        let f: signal::Handler = unsafe { std::mem::transmute::<usize, signal::Handler>(h) };
+        f(sig, info, ctx);
+    } else {
+        // SAFETY: a plain (non-SA_SIGINFO) handler takes the signal number.
+        let f: extern "C" fn(libc::c_int) =
+            unsafe { std::mem::transmute::<usize, extern "C" fn(libc::c_int)>(h) };
+        f(sig);
+    }
+}

@@ -1,0 +1,697 @@
+//! `ThreadPool`: the `threadpool` crate's API on fibers, so that a program built on a thread
+//! pool moves to virtual threads by changing the line that builds the pool.
+//!
+//! A pool is a FIFO queue of entries plus at most `max_count` *slots*. A slot is the right to
+//! run one job; every running job runs in a fiber that holds one. When its job is done, the
+//! fiber keeps the slot and takes the next entry itself, or gives the slot back once the queue
+//! is empty. So a queued `execute` job costs a boxed closure and no fiber, `queued_count` is
+//! the queue's length, and the bound needs no semaphore per job. `unbounded()` is the same pool
+//! with `max_count == usize::MAX`: every job finds a free slot at once and gets its own fiber.
+//!
+//! `spawn` must return a fiber's `JoinHandle` at once, so a spawned job that finds no free slot
+//! is a fiber parked on a *ticket* in the queue; whoever pops the ticket hands it their slot.
+//!
+//! No entry is stranded: a submitter pushes, then looks for a free slot; a fiber that gives
+//! its slot back frees it, then looks at the queue ([`Shared::pump`] on both sides). A SeqCst
+//! fence sits between the write and the read on each side, so at least one of them sees the
+//! other's write (Dekker), and an entry is never left queued while every slot is free.
+//!
+//! `join` waits until the pool is idle (nothing queued or running) at some moment after the
+//! call, as threadpool's does: `pending` counts jobs submitted and not finished, and the job
+//! that takes it to zero bumps `Synced::generation` and unparks every joiner.
+//!
+//! Jobs run on the runtime that was current where the pool was built (the caller's, or the
+//! process-wide default from a plain thread), or on the one given to the builder; a pool whose
+//! runtime has been dropped runs nothing more.
+
+use std::any::Any;
+use std::fmt;
+use std::marker::PhantomData;
+use std::panic::{AssertUnwindSafe, Location, catch_unwind, resume_unwind};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering, fence};
+use std::sync::{Arc, Mutex, PoisonError};
+
+use crossbeam_deque::{Injector, Steal};
+
+use crate::fiber::builder::Builder as FiberBuilder;
+use crate::runtime::context;
+use crate::scheduler::RuntimeRef;
+use crate::{Fiber, Handle, JoinHandle};
+
+/// A worker fiber yields after this many jobs in a row, so that a queue of jobs that never
+/// block does not keep the other fibers of its carrier waiting.
+const YIELD_EVERY: u32 = 16;
+
+type Job = Box<dyn FnOnce() + Send + 'static>;
+
+enum Entry {
+    Job(Job),
+    /// A spawned fiber waiting for a slot: set `granted`, then unpark `fiber`.
+    Ticket {
+        granted: Arc<AtomicBool>,
+        fiber: Fiber,
+    },
+}
+
+/// A pool of at most `max_count` jobs running at once, each in a fiber, with the `threadpool`
+/// crate's methods. Clones share the pool. Dropping the last handle waits for nothing: queued
+/// jobs still run, and everything is freed when the last one finishes.
+///
+/// Unlike a thread pool's jobs, these may block freely on `vt` calls (`vt::sleep`, locks,
+/// channels, joins, sockets): a blocked job parks its fiber and frees its carrier, though it
+/// keeps its slot. `std::thread::sleep` and other OS-blocking calls still block the carrier.
+///
+/// ```
+/// use std::sync::atomic::{AtomicUsize, Ordering};
+/// use std::sync::Arc;
+/// use virtual_threads as vt;
+///
+/// let pool = vt::ThreadPool::new(4);
+/// let done = Arc::new(AtomicUsize::new(0));
+/// for _ in 0..100 {
+///     let done = done.clone();
+///     pool.execute(move || {
+///         vt::sleep(std::time::Duration::from_millis(1)); // parks the fiber, not the carrier
+///         done.fetch_add(1, Ordering::Relaxed);
+///     });
+/// }
+/// pool.join();
+/// assert_eq!(done.load(Ordering::Relaxed), 100);
+/// ```
+#[derive(Clone)]
+pub struct ThreadPool {
+    shared: Arc<Shared>,
+}
+
+struct Shared {
+    queue: Injector<Entry>,
+    /// Entries in `queue`: raised before a push, lowered after a pop.
+    queued: AtomicUsize,
+    /// Slots taken.
+    active: AtomicUsize,
+    max: AtomicUsize,
+    /// Jobs submitted and not finished, plus one per `submit` in progress.
+    pending: AtomicUsize,
+    panics: AtomicUsize,
+    rt: RuntimeRef,
+    fiber_name: Option<String>,
+    stack_size: Option<usize>,
+    synced: Mutex<Synced>,
+}
+
+/// What the starter of a fiber holds for its job.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Held {
+    /// A `pending` count and a slot.
+    SlotAndJob,
+    /// A `pending` count (a ticket's fiber waits for its slot).
+    Job,
+}
+
+struct Synced {
+    /// Bumped each time `pending` reaches zero.
+    generation: u64,
+    joiners: Vec<Fiber>,
+}
+
+/// Settings for a [`ThreadPool`], like `threadpool::Builder`.
+#[derive(Debug, Clone, Default)]
+pub struct ThreadPoolBuilder {
+    num_threads: Option<usize>,
+    fiber_name: Option<String>,
+    stack_size: Option<usize>,
+    handle: Option<Handle>,
+}
+
+impl ThreadPoolBuilder {
+    /// Default settings: unbounded (unlike threadpool's default of one thread per CPU: a
+    /// blocked fiber costs a few KiB, so there is rarely a reason to bound it), fibers unnamed
+    /// with the runtime's stack size, on the current runtime.
+    pub fn new() -> ThreadPoolBuilder {
+        ThreadPoolBuilder::default()
+    }
+
+    /// At most `n` jobs run at once.
+    ///
+    /// # Panics
+    /// If `n` is 0, as threadpool's does.
+    #[track_caller]
+    pub fn num_threads(mut self, n: usize) -> ThreadPoolBuilder {
+        assert!(n > 0, "a ThreadPool needs at least one thread (got 0)");
+        self.num_threads = Some(n);
+        self
+    }
+
+    /// Names the pool's fibers (shown in panics' messages and dumps). Costs an allocation
+    /// per fiber.
+    pub fn thread_name(mut self, name: impl Into<String>) -> ThreadPoolBuilder {
+        self.fiber_name = Some(name.into());
+        self
+    }
+
+    /// The stack size of the pool's fibers, instead of the runtime's (64 KiB by default, where
+    /// a thread pool's threads had 2 MiB: raise it for jobs that recurse deeply).
+    pub fn thread_stack_size(mut self, bytes: usize) -> ThreadPoolBuilder {
+        self.stack_size = Some(bytes);
+        self
+    }
+
+    /// Runs the pool's jobs on the runtime `handle` refers to, instead of the current one.
+    pub fn handle(mut self, handle: Handle) -> ThreadPoolBuilder {
+        self.handle = Some(handle);
+        self
+    }
+
+    /// Builds the pool; nothing starts until the first job.
+    ///
+    /// # Panics
+    /// If the stack size is out of range (see [`crate::MIN_STACK_SIZE`]).
+    #[track_caller]
+    pub fn build(self) -> ThreadPool {
+        if let Some(bytes) = self.stack_size {
+            if let Err(e) = crate::fiber::stack::usable_size(bytes) {
+                panic!("invalid ThreadPool stack size: {e}");
+            }
+        }
+        let rt = match &self.handle {
+            Some(h) => h.runtime().clone(),
+            None => crate::runtime::with_current_runtime(RuntimeRef::clone),
+        };
+        ThreadPool {
+            shared: Arc::new(Shared {
+                queue: Injector::new(),
+                queued: AtomicUsize::new(0),
+                active: AtomicUsize::new(0),
+                max: AtomicUsize::new(self.num_threads.unwrap_or(usize::MAX)),
+                pending: AtomicUsize::new(0),
+                panics: AtomicUsize::new(0),
+                rt,
+                fiber_name: self.fiber_name,
+                stack_size: self.stack_size,
+                synced: Mutex::new(Synced { generation: 0, joiners: Vec::new() }),
+            }),
+        }
+    }
+}
+
+impl ThreadPool {
+    /// A pool that runs at most `n` jobs at once, on the current runtime.
+    ///
+    /// # Panics
+    /// If `n` is 0, as threadpool's does.
+    #[track_caller]
+    pub fn new(n: usize) -> ThreadPool {
+        ThreadPoolBuilder::new().num_threads(n).build()
+    }
+
+    /// Like [`new`](ThreadPool::new), with the pool's fibers named `name`.
+    #[track_caller]
+    pub fn with_name(name: impl Into<String>, n: usize) -> ThreadPool {
+        ThreadPoolBuilder::new().num_threads(n).thread_name(name).build()
+    }
+
+    /// A pool that gives every job a fiber of its own at once, like Java's
+    /// `Executors.newVirtualThreadPerTaskExecutor()`. `max_count` is `usize::MAX`.
+    pub fn unbounded() -> ThreadPool {
+        ThreadPoolBuilder::new().build()
+    }
+
+    /// Runs `f` as soon as a slot is free. A panic in `f` is counted by
+    /// [`panic_count`](ThreadPool::panic_count) and goes no further.
+    ///
+    /// # Panics
+    /// If no fiber stack can be had (the job is dropped).
+    pub fn execute<F>(&self, f: F)
+    where
+        F: FnOnce() + Send + 'static,
+    {
+        let s = &self.shared;
+        s.pending.fetch_add(1, Ordering::Relaxed);
+        // Taking a slot only while nothing is queued keeps jobs in submission order (best
+        // effort: an entry being pushed concurrently may be overtaken).
+        if s.queued.load(Ordering::Relaxed) == 0 && s.try_acquire() {
+            let shared = Arc::clone(s);
+            s.start(Held::SlotAndJob, move || shared.work(f));
+        } else {
+            s.submit(Entry::Job(Box::new(f)));
+        }
+    }
+
+    /// Runs `f` as soon as a slot is free and returns its fiber's handle; `join` on it gives
+    /// `f`'s result, or `Err` with its panic (which [`panic_count`](ThreadPool::panic_count)
+    /// also counts). A job that has to wait for a slot waits as a parked fiber.
+    ///
+    /// # Panics
+    /// If no fiber stack can be had.
+    #[track_caller]
+    pub fn spawn<F, T>(&self, f: F) -> JoinHandle<T>
+    where
+        F: FnOnce() -> T + Send + 'static,
+        T: Send + 'static,
+    {
+        let s = &self.shared;
+        s.pending.fetch_add(1, Ordering::Relaxed);
+        let shared = Arc::clone(s);
+        if s.queued.load(Ordering::Relaxed) == 0 && s.try_acquire() {
+            return s.start(Held::SlotAndJob, move || shared.run_spawned(f));
+        }
+        let granted = Arc::new(AtomicBool::new(false));
+        let wait = Arc::clone(&granted);
+        let h = s.start(Held::Job, move || {
+            // Acquire pairs with the Release store in `Shared::grant`.
+            while !wait.load(Ordering::Acquire) {
+                crate::park();
+            }
+            shared.run_spawned(f)
+        });
+        s.submit(Entry::Ticket { granted, fiber: h.fiber().clone() });
+        h
+    }
+
+    /// Runs `f` with a scope whose jobs may borrow from the caller; returns once every job
+    /// executed in it has finished, like `std::thread::scope` (the jobs still count against
+    /// the pool's bound).
+    ///
+    /// # Panics
+    /// If `f` panics, or if a job executed in the scope panicked (after all have finished).
+    ///
+    /// ```
+    /// use virtual_threads as vt;
+    /// let pool = vt::ThreadPool::new(2);
+    /// let mut squares = vec![0u64; 8];
+    /// pool.scope(|s| {
+    ///     for (i, sq) in squares.iter_mut().enumerate() {
+    ///         s.execute(move || *sq = (i * i) as u64);
+    ///     }
+    /// });
+    /// assert_eq!(squares[7], 49);
+    /// ```
+    pub fn scope<'env, F, R>(&self, f: F) -> R
+    where
+        F: for<'scope> FnOnce(&'scope PoolScope<'scope, 'env>) -> R,
+    {
+        let scope = PoolScope {
+            pool: self.clone(),
+            state: Arc::new(ScopeState {
+                remaining: AtomicUsize::new(0),
+                panicked: AtomicBool::new(false),
+                waiter: crate::current(),
+            }),
+            scope: PhantomData,
+            env: PhantomData,
+        };
+        let r = match catch_unwind(AssertUnwindSafe(|| f(&scope))) {
+            // The runtime's drop is unwinding this fiber: nothing will run again to end the
+            // wait below (see the note on cancellation at `ScopedJob`).
+            Err(p) if cancelling() => resume_unwind(p),
+            r => r,
+        };
+        // Acquire pairs with the Release decrement in `ScopeState::finish`: every job's
+        // effects, and the drop of its closure, happen before the scope returns.
+        while scope.state.remaining.load(Ordering::Acquire) != 0 {
+            crate::park();
+        }
+        match r {
+            Err(p) => resume_unwind(p),
+            Ok(_) if scope.state.panicked.load(Ordering::Relaxed) => panic!("a scoped pool job panicked"),
+            Ok(r) => r,
+        }
+    }
+
+    /// Waits until the pool is idle: every job submitted before the call, and any submitted
+    /// meanwhile, has finished. Several threads or fibers may wait at once, and again later.
+    /// Called from one of the pool's own jobs it waits for itself, for ever.
+    pub fn join(&self) {
+        let s = &self.shared;
+        // Acquire pairs with the AcqRel decrements in `job_done`: the jobs' effects and their
+        // panic counts are visible once the pool is seen idle.
+        if s.pending.load(Ordering::Acquire) == 0 {
+            return;
+        }
+        let generation = {
+            let mut synced = s.synced();
+            // Re-checked under the lock that the job taking `pending` to zero takes after it.
+            if s.pending.load(Ordering::Acquire) == 0 {
+                return;
+            }
+            synced.joiners.push(crate::current());
+            synced.generation
+        };
+        while s.synced().generation == generation {
+            crate::park();
+        }
+    }
+
+    /// Jobs running now (slots taken).
+    pub fn active_count(&self) -> usize {
+        self.shared.active.load(Ordering::Relaxed)
+    }
+
+    /// Jobs waiting for a slot.
+    pub fn queued_count(&self) -> usize {
+        self.shared.queued.load(Ordering::Relaxed)
+    }
+
+    /// Jobs that have panicked since the pool was built.
+    pub fn panic_count(&self) -> usize {
+        self.shared.panics.load(Ordering::Relaxed)
+    }
+
+    /// The most jobs that run at once (`usize::MAX` for an unbounded pool).
+    pub fn max_count(&self) -> usize {
+        self.shared.max.load(Ordering::Relaxed)
+    }
+
+    /// Changes the bound. Raising it starts queued jobs at once; lowering it lets running
+    /// jobs finish, and their fibers then give their slots back.
+    ///
+    /// # Panics
+    /// If `n` is 0, as threadpool's does.
+    #[track_caller]
+    pub fn set_num_threads(&self, n: usize) {
+        assert!(n > 0, "a ThreadPool needs at least one thread (got 0)");
+        self.shared.max.store(n, Ordering::Relaxed);
+        self.shared.pump();
+    }
+}
+
+impl Shared {
+    fn synced(&self) -> std::sync::MutexGuard<'_, Synced> {
+        self.synced.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Spawns a fiber on the pool's runtime with the pool's settings; `held` is what the
+    /// caller took for the job, given back if the fiber cannot be had.
+    #[track_caller]
+    fn start<F, T>(&self, held: Held, f: F) -> JoinHandle<T>
+    where
+        F: FnOnce() -> T + Send + 'static,
+        T: Send + 'static,
+    {
+        let mut b = FiberBuilder::new();
+        if let Some(name) = &self.fiber_name {
+            b = b.name(name.clone());
+        }
+        if let Some(bytes) = self.stack_size {
+            b = b.stack_size(bytes);
+        }
+        // SAFETY: `F` and `T` are 'static, so nothing the fiber holds can dangle.
+        match unsafe { b.spawn_unchecked_at(&self.rt, f, Location::caller(), None) } {
+            Ok(h) => h,
+            Err(e) => {
+                // The job went with the closure.
+                if held == Held::SlotAndJob {
+                    self.release();
+                }
+                self.job_done();
+                panic!("failed to spawn a pool fiber: {e}")
+            }
+        }
+    }
+
+    fn try_acquire(&self) -> bool {
+        let max = self.max.load(Ordering::Relaxed);
+        // Relaxed: a slot guards no data (jobs travel through the queue or the spawn); the
+        // fences in `pump` order it against the queue.
+        self.active.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |a| (a < max).then_some(a + 1)).is_ok()
+    }
+
+    fn release(&self) {
+        self.active.fetch_sub(1, Ordering::Relaxed);
+    }
+
+    fn pop(&self) -> Option<Entry> {
+        loop {
+            match self.queue.steal() {
+                Steal::Success(e) => {
+                    self.queued.fetch_sub(1, Ordering::Relaxed);
+                    return Some(e);
+                }
+                Steal::Empty => return None,
+                Steal::Retry => std::hint::spin_loop(),
+            }
+        }
+    }
+
+    /// Queues an entry and starts it if a slot is free.
+    fn submit(self: &Arc<Self>, e: Entry) {
+        // Holds the pool busy while `pump` may hold a slot that finds the entry gone, so that
+        // a joiner never sees it idle with a slot taken.
+        self.pending.fetch_add(1, Ordering::Relaxed);
+        self.queued.fetch_add(1, Ordering::Relaxed);
+        self.queue.push(e);
+        self.pump();
+        self.job_done();
+    }
+
+    /// Starts queued entries while a slot is free. Called after anything that may have made
+    /// both an entry and a free slot visible: a push, a slot given back, a raised bound.
+    fn pump(self: &Arc<Self>) {
+        loop {
+            // SeqCst: the Dekker pair of the module doc. Acquire/Release cannot stop both the
+            // submitter's read of `active` and the releaser's read of the queue from missing
+            // the other's write.
+            fence(Ordering::SeqCst);
+            if self.queue.is_empty() || !self.try_acquire() {
+                return;
+            }
+            match self.pop() {
+                Some(e) => self.dispatch(e),
+                // Someone else took it: give the slot back and look again.
+                None => self.release(),
+            }
+        }
+    }
+
+    /// Hands a slot the caller holds to an entry.
+    fn dispatch(self: &Arc<Self>, e: Entry) {
+        match e {
+            Entry::Job(job) => {
+                let shared = Arc::clone(self);
+                self.start(Held::SlotAndJob, move || shared.work(job));
+            }
+            Entry::Ticket { granted, fiber } => Shared::grant(&granted, &fiber),
+        }
+    }
+
+    fn grant(granted: &AtomicBool, fiber: &Fiber) {
+        // Release pairs with the Acquire load in the ticket's wait loop.
+        granted.store(true, Ordering::Release);
+        fiber.unpark();
+    }
+
+    /// The body of a fiber that holds a slot: runs `first`, then the queued jobs after it,
+    /// until the queue is empty or the bound was lowered.
+    fn work(self: Arc<Self>, first: impl FnOnce()) {
+        self.run(first);
+        let mut in_a_row = 1;
+        loop {
+            match self.next_entry() {
+                Some(Entry::Job(job)) => {
+                    if in_a_row % YIELD_EVERY == 0 {
+                        crate::yield_now();
+                    }
+                    in_a_row += 1;
+                    self.run(job);
+                }
+                Some(Entry::Ticket { granted, fiber }) => return Shared::grant(&granted, &fiber),
+                None => return,
+            }
+        }
+    }
+
+    /// The body of a `spawn`ed job once it holds a slot.
+    fn run_spawned<T>(self: Arc<Self>, f: impl FnOnce() -> T) -> T {
+        match catch_unwind(AssertUnwindSafe(f)) {
+            Ok(v) => {
+                self.after_spawned();
+                v
+            }
+            Err(p) => {
+                let p = self.count_panic(p);
+                self.after_spawned();
+                // The join handle gets the payload.
+                resume_unwind(p)
+            }
+        }
+    }
+
+    fn after_spawned(self: &Arc<Self>) {
+        // The join handle waits for this fiber: another fiber takes over the slot.
+        if let Some(e) = self.next_entry() {
+            self.dispatch(e);
+        }
+    }
+
+    fn run(&self, job: impl FnOnce()) {
+        if let Err(p) = catch_unwind(AssertUnwindSafe(job)) {
+            drop(self.count_panic(p));
+        }
+    }
+
+    /// Counts a job's panic, unless it is the runtime's drop unwinding the fiber, which must
+    /// go on unwinding.
+    fn count_panic(&self, p: Box<dyn Any + Send>) -> Box<dyn Any + Send> {
+        if cancelling() {
+            resume_unwind(p);
+        }
+        // Ordered before `join` returns by `job_done`'s AcqRel decrement, which follows.
+        self.panics.fetch_add(1, Ordering::Relaxed);
+        p
+    }
+
+    /// A slot holder's job is done: returns the entry to hand the slot to, or `None` once the
+    /// slot is given back; then marks the job finished.
+    fn next_entry(self: &Arc<Self>) -> Option<Entry> {
+        let max = self.max.load(Ordering::Relaxed);
+        let over =
+            self.active.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |a| (a > max).then(|| a - 1));
+        let next = match over {
+            // The bound was lowered: this slot goes; the others, still at or over it, go on.
+            Ok(_) => None,
+            Err(_) => self.pop().or_else(|| {
+                self.release();
+                self.pump();
+                None
+            }),
+        };
+        // After the slot was given back, so that a joiner sees no slot taken once idle.
+        self.job_done();
+        next
+    }
+
+    fn job_done(&self) {
+        // AcqRel: Release publishes the job's effects to the joiner's Acquire load; Acquire
+        // orders the whole pool's work before the wake-up below.
+        if self.pending.fetch_sub(1, Ordering::AcqRel) == 1 {
+            let joiners = {
+                let mut synced = self.synced();
+                synced.generation += 1;
+                std::mem::take(&mut synced.joiners)
+            };
+            for j in joiners {
+                j.unpark();
+            }
+        }
+    }
+}
+
+/// Whether the runtime's drop is unwinding the current fiber (its unwind must not be caught).
+fn cancelling() -> bool {
+    !context::cancelling().is_null()
+}
+
+impl PartialEq for ThreadPool {
+    /// Whether both handles refer to the same pool.
+    fn eq(&self, other: &ThreadPool) -> bool {
+        Arc::ptr_eq(&self.shared, &other.shared)
+    }
+}
+
+impl Eq for ThreadPool {}
+
+impl fmt::Debug for ThreadPool {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ThreadPool")
+            .field("max_count", &self.max_count())
+            .field("active_count", &self.active_count())
+            .field("queued_count", &self.queued_count())
+            .field("panic_count", &self.panic_count())
+            .finish()
+    }
+}
+
+/// A scope of a [`ThreadPool`] whose jobs may borrow from outside it; see [`ThreadPool::scope`].
+pub struct PoolScope<'scope, 'env: 'scope> {
+    pool: ThreadPool,
+    state: Arc<ScopeState>,
+    scope: PhantomData<&'scope mut &'scope ()>,
+    env: PhantomData<&'env mut &'env ()>,
+}
+
+struct ScopeState {
+    /// Jobs executed in the scope whose closure is not yet gone.
+    remaining: AtomicUsize,
+    panicked: AtomicBool,
+    waiter: Fiber,
+}
+
+impl ScopeState {
+    fn finish(&self) {
+        // Release pairs with the Acquire load in `ThreadPool::scope`.
+        if self.remaining.fetch_sub(1, Ordering::Release) == 1 {
+            self.waiter.unpark();
+        }
+    }
+}
+
+impl<'scope> PoolScope<'scope, '_> {
+    /// Runs `f` on the pool as soon as a slot is free; `f` may borrow anything that outlives
+    /// the scope. A panic in `f` is counted by the pool and makes the scope panic at its end.
+    pub fn execute<F>(&'scope self, f: F)
+    where
+        F: FnOnce() + Send + 'scope,
+    {
+        self.state.remaining.fetch_add(1, Ordering::Relaxed);
+        let job =
+            ScopedJob { f: Some(f), state: Arc::clone(&self.state), pool: Arc::clone(&self.pool.shared) };
+        let job: Box<dyn FnOnce() + Send + 'scope> = Box::new(move || job.run());
+        // SAFETY: only the lifetime changes. `ThreadPool::scope` returns (and the borrowed
+        // data may go) only after `remaining` is back to zero, and `ScopedJob`'s drop lowers it
+        // after the closure is gone, whether it ran or not, on every path but one: the runtime's
+        // drop unwinding the scope's fiber (noted at `ScopedJob`).
+        let job: Job = unsafe { std::mem::transmute::<Box<dyn FnOnce() + Send + 'scope>, Job>(job) };
+        self.pool.execute(job);
+    }
+
+    /// The pool this scope runs its jobs on.
+    pub fn pool(&self) -> &ThreadPool {
+        &self.pool
+    }
+}
+
+/// A borrowing job; it tells the scope when its closure is gone.
+///
+/// Cancellation: when a runtime is dropped it unwinds its fibers one by one, so a scope's fiber
+/// may be unwound while its jobs still sit in the queue or in other fibers; it cannot wait
+/// for them then (nothing runs any more), as `vt::scope` cannot. Their closures are dropped
+/// later, and must not touch borrowed data in their destructors.
+struct ScopedJob<F> {
+    f: Option<F>,
+    state: Arc<ScopeState>,
+    pool: Arc<Shared>,
+}
+
+impl<F: FnOnce()> ScopedJob<F> {
+    fn run(mut self) {
+        let f = self.f.take().expect("a scoped job runs once");
+        if let Err(p) = catch_unwind(AssertUnwindSafe(f)) {
+            // Counted here, before the scope can end, rather than by the worker.
+            drop(self.pool.count_panic(p));
+            self.state.panicked.store(true, Ordering::Relaxed);
+        }
+    }
+}
+
+impl<F> Drop for ScopedJob<F> {
+    fn drop(&mut self) {
+        struct Finish<'a>(&'a ScopeState);
+        impl Drop for Finish<'_> {
+            fn drop(&mut self) {
+                self.0.finish();
+            }
+        }
+        // Last, even if the closure's destructor panics: the scope may end right after.
+        let _finish = Finish(&self.state);
+        drop(self.f.take());
+    }
+}
+
+impl fmt::Debug for PoolScope<'_, '_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PoolScope")
+            .field("pool", &self.pool)
+            .field("remaining", &self.state.remaining.load(Ordering::Relaxed))
+            .finish()
+    }
+}

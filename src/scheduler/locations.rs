@@ -1,0 +1,120 @@
+//! Per-carrier maps of code locations: how many fibers from each spawn site (or `blocking`
+//! call site) a carrier started, and how many it was caught blocking in.
+//!
+//! A fixed open-addressing table of atomics, keyed by `&'static Location` pointer identity:
+//! recording allocates nothing, and the supervisor reads every carrier's table without racing
+//! its writer. Only the owning carrier inserts keys and bumps counters; the supervisor reads
+//! them and writes only the `known` flags.
+
+use std::panic::Location;
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, Ordering};
+
+/// Entries per carrier; a program has few distinct spawn sites. When the table is full, new
+/// locations are simply not tracked.
+const CAPACITY: usize = 128;
+/// Probes before giving up on a key.
+const MAX_PROBES: usize = 8;
+
+type Loc = Location<'static>;
+
+#[derive(Default)]
+pub(crate) struct Entry {
+    key: AtomicPtr<Loc>,
+    /// Fibers from this location that started on this carrier.
+    pub(crate) runs: AtomicU64,
+    /// Times this carrier was caught blocked while running code from this location.
+    pub(crate) caught: AtomicU64,
+    /// Set by the supervisor: the location is known to block; compensate as soon as it runs.
+    pub(crate) known: AtomicBool,
+}
+
+pub(crate) struct LocationMap {
+    entries: Box<[Entry]>,
+}
+
+impl Default for LocationMap {
+    fn default() -> LocationMap {
+        LocationMap { entries: (0..CAPACITY).map(|_| Entry::default()).collect() }
+    }
+}
+
+fn slot_of(loc: &'static Loc) -> usize {
+    let p = loc as *const Loc as usize as u64;
+    ((p >> 3).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 57) as usize % CAPACITY
+}
+
+impl LocationMap {
+    /// The entry for `loc`, inserting it (owner only). `None` when the table is full around it.
+    pub(crate) fn entry(&self, loc: &'static Loc) -> Option<&Entry> {
+        let want = loc as *const Loc as *mut Loc;
+        let start = slot_of(loc);
+        for k in 0..MAX_PROBES {
+            let e = &self.entries[(start + k) % CAPACITY];
+            let key = e.key.load(Ordering::Relaxed);
+            if key == want {
+                return Some(e);
+            }
+            if key.is_null() {
+                // Release: the supervisor that sees the key (Acquire) sees zeroed counters.
+                e.key.store(want, Ordering::Release);
+                return Some(e);
+            }
+        }
+        None
+    }
+
+    /// Every tracked location with its entry (supervisor side).
+    pub(crate) fn iter(&self) -> impl Iterator<Item = (&'static Loc, &Entry)> {
+        self.entries.iter().filter_map(|e| {
+            let k = e.key.load(Ordering::Acquire);
+            // SAFETY: keys are only ever `&'static Location` pointers stored by `entry`.
+            (!k.is_null()).then(|| (unsafe { &*k }, e))
+        })
+    }
+
+    /// Whether `loc` is marked known-blocking here (owner side, at a fiber's first run).
+    pub(crate) fn record_run(&self, loc: &'static Loc) -> bool {
+        match self.entry(loc) {
+            Some(e) => {
+                e.runs.store(e.runs.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
+                e.known.load(Ordering::Relaxed)
+            }
+            None => false,
+        }
+    }
+
+    pub(crate) fn record_caught(&self, loc: &'static Loc) {
+        if let Some(e) = self.entry(loc) {
+            e.caught.store(e.caught.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[track_caller]
+    fn here() -> &'static Loc {
+        Location::caller()
+    }
+
+    #[test]
+    fn counts_runs_and_catches_per_location() {
+        let m = LocationMap::default();
+        let a = here();
+        let b = here();
+        assert!(!std::ptr::eq(a, b));
+        for _ in 0..3 {
+            m.record_run(a);
+        }
+        m.record_run(b);
+        m.record_caught(a);
+        let mut seen: Vec<_> = m
+            .iter()
+            .map(|(l, e)| (l.line(), e.runs.load(Ordering::Relaxed), e.caught.load(Ordering::Relaxed)))
+            .collect();
+        seen.sort();
+        assert_eq!(seen, vec![(a.line(), 3, 1), (b.line(), 1, 0)]);
+    }
+}

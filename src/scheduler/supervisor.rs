@@ -1,0 +1,159 @@
+//! The supervisor: notices carriers stuck in something that blocks their OS thread, and
+//! compensates with extra carriers so the runnable fibers behind them do not wait.
+//!
+//! Every `supervisor_interval` it samples each carrier's progress counter (bumped at every
+//! switch) and the location of the fiber it runs. A carrier that runs the same fiber for two
+//! samples in a row is *stalled*; if its thread sleeps in the kernel (state `S`/`D` in
+//! `/proc/self/task/<tid>/stat`), or it has been stalled for ten samples (a CPU loop that never
+//! yields), it is *blocked*: the supervisor counts it, flags it so that the carrier records the
+//! location in its own map when it comes back, and starts (or wakes) a compensating carrier.
+//! Locations caught often enough become *known blocking*, and fibers from them compensate at
+//! once, with no detection delay. With every carrier asleep, the supervisor sleeps too.
+//! See `arch/supervisor.md`.
+
+use std::collections::HashMap;
+use std::panic::Location;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use super::{RuntimeRef, Shared};
+
+/// Samples without progress before a stalled carrier in the kernel counts as blocked.
+const STALL_SAMPLES: u32 = 2;
+/// Samples without progress before a carrier running on the CPU counts as blocked (a fiber that
+/// computes for ~100 ms without a switch starves the fibers queued behind it).
+const CPU_STALL_SAMPLES: u32 = 10;
+/// ZIO's rule after its false-positive bug: more than 64 runs at a location, and at least half
+/// of them caught blocking, make it known-blocking.
+const KNOWN_MIN_RUNS: u64 = 64;
+
+/// A known-blocking location and what made it so (summed over carriers).
+#[derive(Clone, Debug)]
+pub(crate) struct Known {
+    pub(crate) location: &'static Location<'static>,
+    pub(crate) runs: u64,
+    pub(crate) caught: u64,
+}
+
+#[derive(Clone, Copy, Default)]
+struct Watch {
+    progress: u64,
+    stalled: u32,
+    /// This carrier is counted in `Shared::blocked` by the supervisor.
+    blocked: bool,
+}
+
+/// The supervisor thread's body.
+pub(crate) fn run(rt: RuntimeRef) {
+    let every = rt.config.supervisor_interval;
+    let mut watch: Vec<Watch> = Vec::new();
+    let mut totals: HashMap<usize, Known> = HashMap::new();
+    let mut tick: u64 = 0;
+    while !rt.shutdown.load(Ordering::Acquire) {
+        let started = rt.started();
+        watch.resize(started, Watch::default());
+        let mut running = 0;
+        for (i, w) in watch.iter_mut().enumerate() {
+            if sample(&rt, i, w) {
+                running += 1;
+            }
+        }
+        tick += 1;
+        if tick % 8 == 0 && rt.detections.load(Ordering::Relaxed) > 0 {
+            aggregate(&rt, &mut totals);
+            rt.shrink();
+        }
+        if running == 0 && watch.iter().all(|w| !w.blocked) {
+            sleep_until_work(&rt, every);
+        } else {
+            std::thread::park_timeout(every);
+        }
+    }
+}
+
+/// Looks at carrier `i` once. Returns whether it is running a fiber.
+fn sample(rt: &Shared, i: usize, w: &mut Watch) -> bool {
+    let slot = &rt.slots[i];
+    let loc = slot.location.load(Ordering::Acquire);
+    let progress = slot.progress.load(Ordering::Relaxed);
+    if loc.is_null() || progress != w.progress || slot.in_blocking.load(Ordering::Acquire) {
+        // Progressing, idle, or in a declared blocking section (the carrier counted itself).
+        if w.blocked {
+            w.blocked = false;
+            rt.blocked.fetch_sub(1, Ordering::AcqRel);
+            rt.shrink();
+        }
+        w.progress = progress;
+        w.stalled = 0;
+        return !loc.is_null();
+    }
+    w.stalled += 1;
+    if !w.blocked && w.stalled >= STALL_SAMPLES {
+        let in_kernel = matches!(thread_state(slot.tid.load(Ordering::Relaxed)), Some(b'S' | b'D'));
+        if in_kernel || w.stalled >= CPU_STALL_SAMPLES {
+            w.blocked = true;
+            rt.blocked.fetch_add(1, Ordering::AcqRel);
+            rt.detections.fetch_add(1, Ordering::Relaxed);
+            // The carrier records the location in its own map when it comes back.
+            slot.caught.store(true, Ordering::Release);
+            rt.compensate();
+        }
+    }
+    true
+}
+
+/// The scheduling state letter of thread `tid` (`R`, `S`, `D`, ...), from procfs.
+fn thread_state(tid: i32) -> Option<u8> {
+    if tid <= 0 {
+        return None;
+    }
+    let stat = std::fs::read(format!("/proc/self/task/{tid}/stat")).ok()?;
+    // "tid (comm) S ...": the state follows the last ')', since comm may contain spaces.
+    let close = stat.iter().rposition(|&c| c == b')')?;
+    stat.get(close + 2).copied()
+}
+
+/// Sums the carriers' location maps and marks known-blocking locations in every map. Runs only
+/// once something was caught blocking; `totals` is reused between runs.
+fn aggregate(rt: &Shared, totals: &mut HashMap<usize, Known>) {
+    let started = rt.started();
+    totals.clear();
+    for slot in &rt.slots[..started] {
+        for (loc, e) in slot.locations.iter() {
+            let k =
+                totals.entry(loc as *const _ as usize).or_insert(Known { location: loc, runs: 0, caught: 0 });
+            k.runs += e.runs.load(Ordering::Relaxed);
+            k.caught += e.caught.load(Ordering::Relaxed);
+        }
+    }
+    let known: Vec<Known> =
+        totals.values().filter(|k| k.runs > KNOWN_MIN_RUNS && 2 * k.caught >= k.runs).cloned().collect();
+    if known.is_empty() {
+        return;
+    }
+    for slot in &rt.slots[..started] {
+        for (loc, e) in slot.locations.iter() {
+            if known.iter().any(|k| std::ptr::eq(k.location, loc)) {
+                e.known.store(true, Ordering::Relaxed);
+            }
+        }
+    }
+    *rt.known.lock().unwrap_or_else(|e| e.into_inner()) = known;
+}
+
+/// Every carrier is idle: sleep until one wakes (it unparks us), with a long timeout as a
+/// safety net. The flag and the re-check pair with `Shared::supervisor_wake` (Dekker-style,
+/// SeqCst on both sides): either we see a running carrier, or it sees us sleeping.
+fn sleep_until_work(rt: &Shared, every: Duration) {
+    rt.supervisor_sleeping.store(true, Ordering::SeqCst);
+    let started = rt.started();
+    let busy = rt.slots[..started].iter().any(|s| !s.location.load(Ordering::SeqCst).is_null())
+        || rt.idle.sleeping_count() < rt.active.load(Ordering::SeqCst);
+    if busy {
+        // A carrier is searching or about to run something: sample again next tick.
+        std::thread::park_timeout(every);
+    } else if !rt.shutdown.load(Ordering::SeqCst) {
+        std::thread::park_timeout(every.max(Duration::from_secs(1)) * 100);
+    }
+    rt.supervisor_sleeping.store(false, Ordering::SeqCst);
+}

@@ -1,0 +1,85 @@
+//! std ↔ loom switch for the atomics, inner locks, cells and the park seam used by `vt::sync`
+//! and `vt::channel` (STYLE habit 7).
+//!
+//! Under `cfg(loom)` every atomic, inner lock and `Arc` of the wait protocol is loom's, and the
+//! runtime's park/unpark is replaced by loom threads' park/unpark: loom cannot switch corosensei
+//! stacks, but it can explore every interleaving of "register, re-check, park" against "pop,
+//! transition, unpark". A timed wait is modelled as a timer that has already fired, so the
+//! models exercise exactly the race where a timeout meets a wake-up (see `arch/sync.md`).
+//! If the crate grows a root `crate::loom` facade, this module should re-export from it.
+
+pub(crate) use imp::*;
+
+/// Declares a constructor that is `const` except under `cfg(loom)`, where loom's atomics and
+/// locks cannot be built in a const context.
+macro_rules! loom_const_fn {
+    ($(#[$attr:meta])* $vis:vis fn $($rest:tt)*) => {
+        #[cfg(not(loom))]
+        $(#[$attr])* $vis const fn $($rest)*
+        #[cfg(loom)]
+        $(#[$attr])* $vis fn $($rest)*
+    };
+}
+pub(crate) use loom_const_fn;
+
+#[cfg(not(loom))]
+mod imp {
+    use std::time::Instant;
+
+    pub(crate) use crate::{Fiber, current};
+    pub(crate) use std::sync::atomic::{AtomicBool, AtomicU8, AtomicUsize, Ordering};
+    pub(crate) use std::sync::{Arc, Mutex, MutexGuard};
+
+    /// Parks the caller until an unpark (possibly an earlier one) or a spurious wake-up.
+    pub(crate) fn park() {
+        crate::park();
+    }
+
+    /// Parks the caller until an unpark, a spurious wake-up or `deadline`.
+    pub(crate) fn park_until(deadline: Instant) {
+        let now = Instant::now();
+        if deadline > now {
+            crate::park_timeout(deadline - now);
+        }
+    }
+
+    /// Whether `deadline` has passed.
+    pub(crate) fn expired(deadline: Instant) -> bool {
+        Instant::now() >= deadline
+    }
+
+    /// `std::cell::UnsafeCell` behind loom's closure-based interface, so that loom can check
+    /// every access to a message slot.
+    #[derive(Debug)]
+    pub(crate) struct UnsafeCell<T>(std::cell::UnsafeCell<T>);
+
+    impl<T> UnsafeCell<T> {
+        pub(crate) const fn new(value: T) -> Self {
+            Self(std::cell::UnsafeCell::new(value))
+        }
+
+        pub(crate) fn with_mut<R>(&self, f: impl FnOnce(*mut T) -> R) -> R {
+            f(self.0.get())
+        }
+    }
+}
+
+#[cfg(loom)]
+mod imp {
+    use std::time::Instant;
+
+    pub(crate) use loom::cell::UnsafeCell;
+    pub(crate) use loom::sync::atomic::{AtomicBool, AtomicU8, AtomicUsize, Ordering};
+    pub(crate) use loom::sync::{Arc, Mutex, MutexGuard};
+    pub(crate) use loom::thread::{Thread as Fiber, current, park};
+
+    /// A timed park: the model treats the timer as having fired already, so this only yields.
+    pub(crate) fn park_until(_deadline: Instant) {
+        loom::thread::yield_now();
+    }
+
+    /// Every deadline has passed: timed waits give up at once, racing their wake-up.
+    pub(crate) fn expired(_deadline: Instant) -> bool {
+        true
+    }
+}

@@ -1,0 +1,327 @@
+//! `RwLock<T>`: std's API and poisoning (writers poison); waiters park their fiber.
+//!
+//! One state word: bit 0 `WRITER`, bit 1 `QUEUED` (the wait queue is non-empty; changed only
+//! with the inner `queue` lock held), bits 2.. the reader count. Uncontended `read`/`write` and
+//! their unlocks are one atomic read-modify-write each.
+//!
+//! Fairness is strict FIFO hand-off, phase-fair: once anyone is queued, new readers queue too
+//! (no writer starves behind a stream of readers), and the releaser that leaves the lock free
+//! grants it under the inner lock to the front of the queue: one writer, or every reader up to
+//! the next queued writer, together. Protocol and proof sketch: `arch/sync.md`.
+
+use std::cell::UnsafeCell;
+use std::fmt;
+use std::marker::PhantomData;
+use std::ops::{Deref, DerefMut};
+use std::sync::{LockResult, PoisonError, TryLockError, TryLockResult};
+
+use super::loom::{self, Arc, AtomicUsize, Ordering};
+use super::poison;
+use super::wait_list::{Entry, Outcome, WaitQueue, WaitReason, Waiter};
+
+const WRITER: usize = 1;
+const QUEUED: usize = 2;
+const READER: usize = 4;
+
+/// A reader-writer lock whose waiters park their fiber (or plain thread).
+///
+/// Same API and poisoning as [`std::sync::RwLock`].
+pub struct RwLock<T: ?Sized> {
+    /// Bit 0 `WRITER`, bit 1 `QUEUED`, bits 2.. reader count.
+    state: AtomicUsize,
+    poison: poison::Flag,
+    queue: loom::Mutex<WaitQueue<QueuedAccess>>,
+    data: UnsafeCell<T>,
+}
+
+/// A parked `read` or `write` call.
+#[derive(Debug)]
+struct QueuedAccess {
+    waiter: Arc<Waiter>,
+    write: bool,
+}
+
+impl Entry for QueuedAccess {
+    fn waiter(&self) -> &Waiter {
+        &self.waiter
+    }
+}
+
+// SAFETY: readers share `&T` across threads (needs `T: Sync`) and a writer may run on any
+// thread (needs `T: Send`), exactly std's bounds.
+unsafe impl<T: ?Sized + Send + Sync> Sync for RwLock<T> {}
+// SAFETY: owning the lock owns the `T`; the state and queue are `Send`.
+unsafe impl<T: ?Sized + Send> Send for RwLock<T> {}
+
+/// RAII guard of shared access; `!Send`, like std's.
+#[must_use = "if unused the RwLock will immediately unlock"]
+pub struct RwLockReadGuard<'a, T: ?Sized + 'a> {
+    lock: &'a RwLock<T>,
+    _not_send: PhantomData<*const ()>,
+}
+
+/// RAII guard of exclusive access; `!Send`, like std's.
+#[must_use = "if unused the RwLock will immediately unlock"]
+pub struct RwLockWriteGuard<'a, T: ?Sized + 'a> {
+    lock: &'a RwLock<T>,
+    poison: poison::Guard,
+    _not_send: PhantomData<*const ()>,
+}
+
+// SAFETY: a shared read guard only hands out `&T`.
+unsafe impl<T: ?Sized + Sync> Sync for RwLockReadGuard<'_, T> {}
+// SAFETY: a `&RwLockWriteGuard` only hands out `&T`.
+unsafe impl<T: ?Sized + Sync> Sync for RwLockWriteGuard<'_, T> {}
+
+impl<T> RwLock<T> {
+    loom::loom_const_fn! {
+        /// Creates an unlocked lock.
+        pub fn new(value: T) -> RwLock<T> {
+            RwLock {
+                state: AtomicUsize::new(0),
+                poison: poison::Flag::new(),
+                queue: loom::Mutex::new(WaitQueue::new()),
+                data: UnsafeCell::new(value),
+            }
+        }
+    }
+
+    /// Consumes the lock and returns the value; `Err` (still holding it) if poisoned.
+    pub fn into_inner(self) -> LockResult<T> {
+        let Self { poison, data, .. } = self;
+        poison.result(data.into_inner())
+    }
+}
+
+impl<T: ?Sized> RwLock<T> {
+    /// Acquires shared access, parking while a writer holds the lock or anyone is queued.
+    pub fn read(&self) -> LockResult<RwLockReadGuard<'_, T>> {
+        if !self.try_read_fast() {
+            self.lock_contended(false);
+        }
+        self.read_guard()
+    }
+
+    /// Acquires exclusive access, parking while anyone holds the lock or is queued.
+    pub fn write(&self) -> LockResult<RwLockWriteGuard<'_, T>> {
+        // Acquire pairs with the Release of the previous holders' unlocks.
+        if self.state.compare_exchange(0, WRITER, Ordering::Acquire, Ordering::Relaxed).is_err() {
+            self.lock_contended(true);
+        }
+        self.write_guard()
+    }
+
+    /// Acquires shared access if that needs no wait.
+    pub fn try_read(&self) -> TryLockResult<RwLockReadGuard<'_, T>> {
+        if self.try_read_fast() { Ok(self.read_guard()?) } else { Err(TryLockError::WouldBlock) }
+    }
+
+    /// Acquires exclusive access if the lock is free.
+    pub fn try_write(&self) -> TryLockResult<RwLockWriteGuard<'_, T>> {
+        // Acquire pairs with the Release of the previous holders' unlocks.
+        match self.state.compare_exchange(0, WRITER, Ordering::Acquire, Ordering::Relaxed) {
+            Ok(_) => Ok(self.write_guard()?),
+            Err(_) => Err(TryLockError::WouldBlock),
+        }
+    }
+
+    /// Whether a writer panicked while holding the lock.
+    pub fn is_poisoned(&self) -> bool {
+        self.poison.get()
+    }
+
+    /// Clears the poisoned state.
+    pub fn clear_poison(&self) {
+        self.poison.clear();
+    }
+
+    /// The value, through a unique borrow (no locking needed).
+    pub fn get_mut(&mut self) -> LockResult<&mut T> {
+        self.poison.result(self.data.get_mut())
+    }
+
+    fn read_guard(&self) -> LockResult<RwLockReadGuard<'_, T>> {
+        self.poison.result(RwLockReadGuard { lock: self, _not_send: PhantomData })
+    }
+
+    fn write_guard(&self) -> LockResult<RwLockWriteGuard<'_, T>> {
+        poison::map_result(self.poison.guard(), |poison| RwLockWriteGuard {
+            lock: self,
+            poison,
+            _not_send: PhantomData,
+        })
+    }
+
+    fn try_read_fast(&self) -> bool {
+        let mut state = self.state.load(Ordering::Relaxed);
+        while state & (WRITER | QUEUED) == 0 {
+            // Acquire pairs with the Release of the last writer's unlock.
+            match self.state.compare_exchange_weak(
+                state,
+                state + READER,
+                Ordering::Acquire,
+                Ordering::Relaxed,
+            ) {
+                Ok(_) => return true,
+                Err(now) => state = now,
+            }
+        }
+        false
+    }
+
+    fn lock_contended(&self, write: bool) {
+        let waiter = Arc::new(Waiter::new());
+        loop {
+            let mut queue = self.queue.lock().unwrap_or_else(PoisonError::into_inner);
+            let state = self.state.load(Ordering::Relaxed);
+            let free = if write { state == 0 } else { state & (WRITER | QUEUED) == 0 };
+            if free {
+                let next = if write { WRITER } else { state + READER };
+                // Acquire pairs with the Release of the previous holders' unlocks.
+                if self.state.compare_exchange(state, next, Ordering::Acquire, Ordering::Relaxed).is_ok() {
+                    return;
+                }
+                continue;
+            }
+            // Fails if a holder unlocked meanwhile: retry. Relaxed: `queue` orders QUEUED.
+            if state & QUEUED == 0
+                && self
+                    .state
+                    .compare_exchange(state, state | QUEUED, Ordering::Relaxed, Ordering::Relaxed)
+                    .is_err()
+            {
+                continue;
+            }
+            queue.push_back(QueuedAccess { waiter: waiter.clone(), write });
+            drop(queue);
+            let reason = if write { WaitReason::RwLockWrite } else { WaitReason::RwLockRead };
+            // The releaser set our share of the state before granting; its Release on the
+            // waiter state, seen by `wait`'s Acquire, orders the previous holders' writes.
+            let outcome = waiter.wait(reason, None);
+            debug_assert_eq!(outcome, Outcome::Granted(0), "rwlock waiters are only granted");
+            return;
+        }
+    }
+
+    /// Precondition: the caller holds a read lock.
+    fn read_unlock(&self) {
+        // Release pairs with the next writer's Acquire (its CAS or its grant).
+        let prev = self.state.fetch_sub(READER, Ordering::Release);
+        if prev == READER | QUEUED {
+            // Last reader out with waiters queued: the lock is free (state == QUEUED), and
+            // everyone else now queues behind QUEUED, so we alone grant it.
+            self.grant_next();
+        }
+    }
+
+    /// Precondition: the caller holds the write lock.
+    fn write_unlock(&self) {
+        // Release pairs with the next holder's Acquire.
+        if self.state.compare_exchange(WRITER, 0, Ordering::Release, Ordering::Relaxed).is_err() {
+            self.grant_next();
+        }
+    }
+
+    /// Hands the lock to the front of the queue: one writer, or every reader before the next
+    /// writer. Precondition: the caller is the releaser that left no holder while QUEUED is set
+    /// (state is QUEUED, or WRITER | QUEUED for a releasing writer); nobody else can change the
+    /// state until we store it, so plain stores are exact.
+    fn grant_next(&self) {
+        let mut granted = Vec::new();
+        {
+            let mut queue = self.queue.lock().unwrap_or_else(PoisonError::into_inner);
+            let first = queue.pop_front().expect("QUEUED set with an empty queue");
+            let mut holders = if first.write { WRITER } else { READER };
+            let first_writes = first.write;
+            granted.push(first);
+            while !first_writes && queue.front().is_some_and(|e| !e.write) {
+                granted.extend(queue.pop_front());
+                holders += READER;
+            }
+            let rest = if queue.is_empty() { 0 } else { QUEUED };
+            // Release: with the grants below, publishes the previous holders' writes.
+            self.state.store(holders | rest, Ordering::Release);
+            for entry in &granted {
+                let ok = entry.waiter.grant(0);
+                debug_assert!(ok, "rwlock waiters never cancel");
+            }
+        }
+        for entry in &granted {
+            entry.waiter.unpark();
+        }
+    }
+}
+
+impl<T: ?Sized> Deref for RwLockReadGuard<'_, T> {
+    type Target = T;
+
+    fn deref(&self) -> &T {
+        // SAFETY: a read guard exists only while no writer holds the lock.
+        unsafe { &*self.lock.data.get() }
+    }
+}
+
+impl<T: ?Sized> Drop for RwLockReadGuard<'_, T> {
+    fn drop(&mut self) {
+        self.lock.read_unlock();
+    }
+}
+
+impl<T: ?Sized> Deref for RwLockWriteGuard<'_, T> {
+    type Target = T;
+
+    fn deref(&self) -> &T {
+        // SAFETY: the write guard holds the lock exclusively.
+        unsafe { &*self.lock.data.get() }
+    }
+}
+
+impl<T: ?Sized> DerefMut for RwLockWriteGuard<'_, T> {
+    fn deref_mut(&mut self) -> &mut T {
+        // SAFETY: the write guard holds the lock exclusively and is borrowed uniquely.
+        unsafe { &mut *self.lock.data.get() }
+    }
+}
+
+impl<T: ?Sized> Drop for RwLockWriteGuard<'_, T> {
+    fn drop(&mut self) {
+        self.lock.poison.done(&self.poison);
+        self.lock.write_unlock();
+    }
+}
+
+impl<T: ?Sized + fmt::Debug> fmt::Debug for RwLockReadGuard<'_, T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(&**self, f)
+    }
+}
+
+impl<T: ?Sized + fmt::Debug> fmt::Debug for RwLockWriteGuard<'_, T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(&**self, f)
+    }
+}
+
+impl<T: ?Sized + fmt::Debug> fmt::Debug for RwLock<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut d = f.debug_struct("RwLock");
+        match self.try_read() {
+            Ok(guard) => d.field("data", &&*guard),
+            Err(TryLockError::Poisoned(err)) => d.field("data", &&**err.get_ref()),
+            Err(TryLockError::WouldBlock) => d.field("data", &format_args!("<locked>")),
+        };
+        d.field("poisoned", &self.poison.get()).finish_non_exhaustive()
+    }
+}
+
+impl<T: Default> Default for RwLock<T> {
+    fn default() -> RwLock<T> {
+        RwLock::new(T::default())
+    }
+}
+
+impl<T> From<T> for RwLock<T> {
+    fn from(value: T) -> RwLock<T> {
+        RwLock::new(value)
+    }
+}

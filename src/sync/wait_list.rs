@@ -1,0 +1,323 @@
+//! The one door to blocking for `vt::sync` and `vt::channel`: a heap-allocated [`Waiter`] per
+//! contended wait, a FIFO [`WaitQueue`] of them, and [`park`], the only function that parks.
+//!
+//! A waiter is a one-shot state machine. It starts `WAITING`; exactly one compare-and-swap takes
+//! it out of that state, and whoever wins decides the outcome:
+//!
+//! ```text
+//!            wake(op)  by another party      → WOKEN(op)    "retry your operation"
+//! WAITING ── grant(op) by another party      → GRANTED(op)  "it is done for you"
+//!            cancel()  by the waiter itself  → CANCELLED    "nobody did anything for you"
+//! ```
+//!
+//! The waiter loops on `park` until its state leaves `WAITING`, so a stale unpark token or a
+//! spurious wake-up costs one extra loop. A timed-out waiter must win `cancel` to report a
+//! timeout; if it loses, it was woken or granted and acts on that instead, so a timeout never
+//! swallows a lock, a permit or a message. The waker unparks only after releasing its own
+//! inner lock, holding its own `Arc` of the waiter. Nodes live on the heap, never on the
+//! waiting fiber's stack, so nothing writes into a parked stack. The full protocol and its proof
+//! sketch are in `arch/sync.md`.
+
+use std::collections::VecDeque;
+use std::time::Instant;
+
+use super::loom::{self, AtomicUsize, Fiber, Ordering};
+
+/// Why a fiber is parked; recorded by the runtime's dumps once the diagnostics issue lands.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(crate) enum WaitReason {
+    /// `Mutex::lock`.
+    Mutex,
+    /// `RwLock::read`.
+    RwLockRead,
+    /// `RwLock::write`.
+    RwLockWrite,
+    /// `Condvar::wait*`.
+    Condvar,
+    /// `Semaphore::acquire*`.
+    Semaphore,
+    /// `Barrier::wait`.
+    Barrier,
+    /// `WaitGroup::wait`.
+    WaitGroup,
+    /// `OnceLock` waiting for another caller's initialiser.
+    Once,
+    /// A channel send waiting for room or for a receiver.
+    ChannelSend,
+    /// A channel receive waiting for a message.
+    ChannelRecv,
+    /// `select!` waiting on several channel operations.
+    Select,
+}
+
+/// Parks the calling fiber (or plain thread) until an unpark, a spurious wake-up or `deadline`.
+///
+/// Every park of `vt::sync` and `vt::channel` goes through here, so that the reason can be
+/// recorded in one place. Callers loop on their own condition.
+pub(crate) fn park(reason: WaitReason, deadline: Option<Instant>) {
+    // The reason is the diagnostics issue's hook (Go's `gopark(reason)`); nothing reads it yet.
+    let _ = reason;
+    match deadline {
+        None => loom::park(),
+        Some(deadline) => loom::park_until(deadline),
+    }
+}
+
+/// Packed waiter state: bits 0-1 are the tag, bits 2.. the index of the operation that a wake
+/// or grant refers to (a `select!` arm; 0 for single operations).
+const WAITING: usize = 0;
+const CANCELLED: usize = 1;
+const WOKEN: usize = 2;
+const GRANTED: usize = 3;
+const TAG_MASK: usize = 3;
+const OP_SHIFT: usize = 2;
+
+/// How a wait ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Outcome {
+    /// Another party asks the waiter to retry operation `op` (lock released, disconnection...).
+    Woken(usize),
+    /// Another party completed operation `op` for the waiter (lock handed over, message
+    /// delivered or taken, permit granted).
+    Granted(usize),
+    /// The waiter cancelled itself at its deadline; nobody did anything on its behalf.
+    TimedOut,
+}
+
+impl Outcome {
+    fn decode(state: usize) -> Outcome {
+        let op = state >> OP_SHIFT;
+        match state & TAG_MASK {
+            WOKEN => Outcome::Woken(op),
+            GRANTED => Outcome::Granted(op),
+            CANCELLED => Outcome::TimedOut,
+            _ => unreachable!("a waiter left WAITING without a transition"),
+        }
+    }
+}
+
+/// One contended wait of one fiber or thread: lives on the heap (usually in an `Arc` held by
+/// the waiter and by the queue it is in), never on the waiting stack.
+#[derive(Debug)]
+pub(crate) struct Waiter {
+    /// `WAITING`, `CANCELLED`, `WOKEN | op << 2` or `GRANTED | op << 2`; see the module docs.
+    state: AtomicUsize,
+    fiber: Fiber,
+}
+
+impl Waiter {
+    /// A waiter for the calling fiber or thread.
+    pub(crate) fn new() -> Waiter {
+        Waiter { state: AtomicUsize::new(WAITING), fiber: loom::current() }
+    }
+
+    /// Makes a finished waiter reusable for the same fiber.
+    ///
+    /// Precondition: the waiter is in no queue, so no party can still transition it; a waker
+    /// that is between its transition and its unpark only leaves a spare unpark token, which
+    /// `wait` tolerates.
+    pub(crate) fn reset(&self) {
+        // Relaxed: only the owner reads the state from here on, until it publishes the waiter
+        // again under a queue's inner lock, which orders this store for the next waker.
+        self.state.store(WAITING, Ordering::Relaxed);
+    }
+
+    fn transition(&self, to: usize) -> bool {
+        // Release pairs with the Acquire loads in `wait`/`cancel`: what the waker wrote before
+        // (a message in a slot, the protected data of a handed-over lock) is visible to the
+        // waiter once it sees the new state. Relaxed on failure: the loser touches nothing the
+        // waiter owns.
+        self.state.compare_exchange(WAITING, to, Ordering::Release, Ordering::Relaxed).is_ok()
+    }
+
+    /// Asks the waiter to retry operation `op`. Returns false if it already left `WAITING`.
+    /// The caller must call [`Waiter::unpark`] after releasing its inner lock.
+    pub(crate) fn wake(&self, op: usize) -> bool {
+        self.transition(WOKEN | op << OP_SHIFT)
+    }
+
+    /// Tells the waiter that operation `op` was completed on its behalf. Returns false if it
+    /// already left `WAITING`, in which case the caller must undo what it prepared.
+    /// The caller must call [`Waiter::unpark`] after releasing its inner lock.
+    pub(crate) fn grant(&self, op: usize) -> bool {
+        self.transition(GRANTED | op << OP_SHIFT)
+    }
+
+    /// Called by the waiter itself: leave `WAITING` with nobody having acted on its behalf.
+    /// `Err` carries the outcome that another party decided first.
+    pub(crate) fn cancel(&self) -> Result<(), Outcome> {
+        // Acquire on failure pairs with `transition`'s Release (we act on what the winner did).
+        // Relaxed on success: a cancelled waiter reclaims its slot under the owning queue's
+        // inner lock, which orders that.
+        match self.state.compare_exchange(WAITING, CANCELLED, Ordering::Relaxed, Ordering::Acquire) {
+            Ok(_) => Ok(()),
+            Err(state) => Err(Outcome::decode(state)),
+        }
+    }
+
+    /// Whether the waiter is still waiting (racy by design: a hint for skipping stale entries).
+    pub(crate) fn is_waiting(&self) -> bool {
+        self.state.load(Ordering::Relaxed) == WAITING
+    }
+
+    /// Wakes the waiter's fiber or thread. Call after a successful `wake`/`grant`, outside any
+    /// inner lock.
+    pub(crate) fn unpark(&self) {
+        self.fiber.unpark();
+    }
+
+    /// Parks until another party wakes or grants this waiter, or until `deadline` passes and
+    /// `cancel` wins. Called only by the fiber or thread that created the waiter.
+    pub(crate) fn wait(&self, reason: WaitReason, deadline: Option<Instant>) -> Outcome {
+        loop {
+            // Acquire pairs with `transition`'s Release.
+            let state = self.state.load(Ordering::Acquire);
+            if state != WAITING {
+                return Outcome::decode(state);
+            }
+            if let Some(deadline) = deadline {
+                if loom::expired(deadline) {
+                    return match self.cancel() {
+                        Ok(()) => Outcome::TimedOut,
+                        Err(outcome) => outcome,
+                    };
+                }
+            }
+            park(reason, deadline);
+        }
+    }
+}
+
+/// Something queued in a [`WaitQueue`]: a waiter, possibly with per-wait data.
+pub(crate) trait Entry {
+    /// The waiter this entry wakes.
+    fn waiter(&self) -> &Waiter;
+}
+
+impl Entry for loom::Arc<Waiter> {
+    fn waiter(&self) -> &Waiter {
+        self
+    }
+}
+
+/// A FIFO of waiters. It has no lock of its own: each primitive keeps it inside its inner lock
+/// (`Synced`) next to whatever else that lock guards.
+///
+/// Entries whose waiter has already left `WAITING` (cancelled at a deadline, or won by another
+/// arm of a `select!`) are *stale*; whoever meets one at the front may drop it.
+#[derive(Debug)]
+pub(crate) struct WaitQueue<E> {
+    entries: VecDeque<E>,
+}
+
+impl<E: Entry> WaitQueue<E> {
+    pub(crate) const fn new() -> Self {
+        WaitQueue { entries: VecDeque::new() }
+    }
+
+    pub(crate) fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
+    pub(crate) fn push_back(&mut self, entry: E) {
+        self.entries.push_back(entry);
+    }
+
+    pub(crate) fn push_front(&mut self, entry: E) {
+        self.entries.push_front(entry);
+    }
+
+    pub(crate) fn iter(&self) -> impl Iterator<Item = &E> {
+        self.entries.iter()
+    }
+
+    pub(crate) fn front(&self) -> Option<&E> {
+        self.entries.front()
+    }
+
+    pub(crate) fn pop_front(&mut self) -> Option<E> {
+        self.entries.pop_front()
+    }
+
+    /// Pops entries from the front until `accept` returns true for one, which is returned;
+    /// the rejected ones are dropped (they are stale). `accept` usually calls `wake`/`grant`.
+    pub(crate) fn pop_accepted(&mut self, mut accept: impl FnMut(&E) -> bool) -> Option<E> {
+        while let Some(entry) = self.entries.pop_front() {
+            if accept(&entry) {
+                return Some(entry);
+            }
+        }
+        None
+    }
+
+    /// Removes the entries of `waiter` (a cancelled or finished one), wherever they are.
+    pub(crate) fn remove(&mut self, waiter: &Waiter) {
+        self.entries.retain(|e| !std::ptr::eq(e.waiter(), waiter));
+    }
+
+    /// Empties the queue (for "wake everyone").
+    pub(crate) fn take_all(&mut self) -> VecDeque<E> {
+        std::mem::take(&mut self.entries)
+    }
+}
+
+#[cfg(all(test, loom))]
+mod loom_tests {
+    //! Models the hand-off between a waker (pop, transition, unpark after unlocking) and a
+    //! waiter (register under the lock, park in a loop, cancel at a deadline).
+    use super::*;
+    use crate::sync::loom::{Arc, Mutex};
+
+    /// A waker and a timed waiter race; exactly one of "granted" and "timed out" happens, and
+    /// the waker learns which through its `grant` result.
+    #[test]
+    fn grant_races_timeout() {
+        ::loom::model(|| {
+            let queue = Arc::new(Mutex::new(WaitQueue::<Arc<Waiter>>::new()));
+            let waiter = Arc::new(Waiter::new());
+            queue.lock().unwrap().push_back(waiter.clone());
+            let q2 = queue.clone();
+            let waker = ::loom::thread::spawn(move || {
+                let popped = q2.lock().unwrap().pop_accepted(|w| w.grant(0));
+                popped.map(|w| w.unpark()).is_some()
+            });
+            let outcome = waiter.wait(WaitReason::ChannelRecv, Some(Instant::now()));
+            if outcome == Outcome::TimedOut {
+                queue.lock().unwrap().remove(&waiter);
+            }
+            let granted = waker.join().unwrap();
+            assert_eq!(granted, outcome == Outcome::Granted(0));
+        });
+    }
+
+    /// An untimed waiter is never left parked: the wake-up is either seen before parking or
+    /// its unpark token ends the park.
+    #[test]
+    fn no_lost_wakeup() {
+        ::loom::model(|| {
+            let queue = Arc::new(Mutex::new(WaitQueue::<Arc<Waiter>>::new()));
+            let flag = Arc::new(crate::sync::loom::AtomicBool::new(false));
+            let (q2, f2) = (queue.clone(), flag.clone());
+            let waker = ::loom::thread::spawn(move || {
+                f2.store(true, Ordering::Release);
+                let popped = q2.lock().unwrap().pop_accepted(|w| w.wake(0));
+                if let Some(w) = popped {
+                    w.unpark();
+                }
+            });
+            // Register, re-check, park: the primitives' pattern.
+            loop {
+                let waiter = Arc::new(Waiter::new());
+                {
+                    let mut q = queue.lock().unwrap();
+                    if flag.load(Ordering::Acquire) {
+                        break;
+                    }
+                    q.push_back(waiter.clone());
+                }
+                assert_eq!(waiter.wait(WaitReason::Condvar, None), Outcome::Woken(0));
+            }
+            waker.join().unwrap();
+        });
+    }
+}
