@@ -511,3 +511,53 @@ fn chained_spawns_never_lose_the_final_wakeup() {
     }
     done.store(true, Ordering::Release);
 }
+
+#[test]
+fn dropping_a_runtime_unwinds_fibers_waiting_in_scope_and_join() {
+    let drops = Arc::new(AtomicUsize::new(0));
+    let started = Arc::new(AtomicUsize::new(0));
+    let rt = rt(1);
+    let (d, s) = (drops.clone(), started.clone());
+    let scoper = rt.spawn(move || {
+        let local = OnDrop(d.clone()); // borrowed by the scoped fiber below
+        vt::scope(|sc| {
+            let (local, d, s) = (&local, d.clone(), s.clone());
+            sc.spawn(move || {
+                let _g = OnDrop(d);
+                let _keep = local;
+                s.fetch_add(1, Ordering::SeqCst);
+                loop {
+                    vt::park();
+                }
+            });
+        });
+    });
+    let (d, s) = (drops.clone(), started.clone());
+    let joiner = rt.spawn(move || {
+        let (d1, d2, s1, s2) = (d.clone(), d, s.clone(), s);
+        vt::join(
+            move || {
+                let _g = OnDrop(d1);
+                s1.fetch_add(1, Ordering::SeqCst);
+                loop {
+                    vt::park();
+                }
+            },
+            move || {
+                let _g = OnDrop(d2);
+                s2.fetch_add(1, Ordering::SeqCst);
+                loop {
+                    vt::park();
+                }
+            },
+        );
+    });
+    while started.load(Ordering::SeqCst) < 3 {
+        std::thread::yield_now();
+    }
+    drop(rt); // must return: it once spun for ever in the scope's wait
+    // The scope's local, the scoped fiber's guard, and both halves of the join.
+    assert_eq!(drops.load(Ordering::SeqCst), 4);
+    assert!(scoper.join().is_err());
+    assert!(joiner.join().is_err());
+}

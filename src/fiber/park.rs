@@ -180,8 +180,13 @@ fn park_fiber(rec: &FiberRecord, deadline: Option<Instant>) {
         return;
     }
     if !context::cancelling().is_null() {
-        // The runtime is being dropped and is unwinding this fiber on a plain thread: nothing
-        // will ever run it again, so a park returns (spuriously) at once.
+        // The runtime is being dropped and is unwinding this fiber on the dropping thread:
+        // nothing will ever run it again. Whatever it waits for (a scoped fiber, a joined one)
+        // can only finish by being unwound too, so unwind another fiber, then return (a
+        // spurious wake-up: the caller re-checks its condition).
+        if !crate::runtime::cancel_one(rec.runtime()) {
+            std::thread::sleep(Duration::from_millis(1)); // waits on a plain thread, if anything
+        }
         return;
     }
     if std::thread::panicking() {

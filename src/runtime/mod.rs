@@ -199,22 +199,7 @@ impl Drop for Runtime {
 /// Unwinds every fiber that has not finished. Cancelling one may wake or spawn others (its
 /// destructors run), so repeat until nothing is left.
 fn cancel_all(rt: &Shared) {
-    loop {
-        let mut batch = rt.registry.drain();
-        while let Some(f) = rt.injector.pop_any() {
-            batch.push(f);
-        }
-        for slot in rt.slots.iter() {
-            batch.extend(slot.inbox.lock().unwrap_or_else(|e| e.into_inner()).drain(..));
-            slot.inbox_len.store(0, Ordering::Relaxed);
-        }
-        if batch.is_empty() {
-            break;
-        }
-        for f in batch {
-            cancel(f);
-        }
-    }
+    while cancel_one(rt) {}
     for slot in rt.slots.iter() {
         // Timer entries hold records, which hold the runtime: break the cycle.
         slot.timers.lock().unwrap_or_else(|e| e.into_inner()).clear();
@@ -222,11 +207,33 @@ fn cancel_all(rt: &Shared) {
     }
 }
 
-fn cancel(f: FiberRef) {
-    if f.state() == DONE {
-        return;
+/// Unwinds one unfinished fiber of a runtime being dropped; false when none is left. Also
+/// called from inside a fiber being unwound that waits for another (a `scope` waiting for its
+/// fibers, a `join`): waiting cannot work there, since nothing runs fibers any more, so the
+/// waiter unwinds the others itself until what it waits for is done.
+pub(crate) fn cancel_one(rt: &Shared) -> bool {
+    let next = rt.registry.pop_one().or_else(|| rt.injector.pop_any()).or_else(|| {
+        rt.slots.iter().find_map(|slot| {
+            let mut q = slot.inbox.lock().unwrap_or_else(|e| e.into_inner());
+            let f = q.pop_front();
+            slot.inbox_len.store(q.len(), Ordering::Relaxed);
+            f
+        })
+    });
+    match next {
+        Some(f) => {
+            cancel(f);
+            true
+        }
+        None => false,
     }
-    f.cancelled.store(true, Ordering::Release);
+}
+
+fn cancel(f: FiberRef) {
+    if f.state() == DONE || f.cancelled.swap(true, Ordering::AcqRel) {
+        return; // finished, or being unwound further up this thread's stack
+    }
+    let outer = context::cancelling();
     context::set_cancelling(FiberRef::as_ptr(&f));
     // SAFETY: every carrier has stopped, and a fiber appears in at most one of the registry
     // and the queues (a parked fiber is not queued; a queued one was taken out of the
@@ -250,7 +257,7 @@ fn cancel(f: FiberRef) {
             eprintln!("virtual-threads: a fiber panicked while being cancelled by its runtime's drop");
         }
     }
-    context::set_cancelling(std::ptr::null());
+    context::set_cancelling(outer);
     if let Some(co) = slot.take() {
         if co.done() {
             drop(co.into_stack());

@@ -53,18 +53,20 @@ impl Registry {
         }
     }
 
-    /// Takes every entered fiber out (runtime drop).
-    pub(crate) fn drain(&self) -> Vec<FiberRef> {
-        let mut out = Vec::new();
+    /// Takes one entered fiber out (runtime drop, after the carriers stopped: nothing is
+    /// inserted any more, so the free list can be dropped as the slab shrinks).
+    pub(crate) fn pop_one(&self) -> Option<FiberRef> {
         for shard in self.shards.iter() {
             let mut s = shard.lock().unwrap_or_else(|e| e.into_inner());
-            out.extend(s.slots.drain(..).flatten());
             s.free.clear();
+            while let Some(slot) = s.slots.pop() {
+                if let Some(f) = slot {
+                    f.registry_slot.set(None);
+                    return Some(f);
+                }
+            }
         }
-        for f in &out {
-            f.registry_slot.set(None);
-        }
-        out
+        None
     }
 
     /// Parked fibers entered now (a snapshot).

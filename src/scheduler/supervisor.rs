@@ -2,8 +2,8 @@
 //! compensates with extra carriers so the runnable fibers behind them do not wait.
 //!
 //! Every `supervisor_interval` it samples each carrier's progress counter (bumped at every
-//! switch) and the location of the fiber it runs. A carrier that runs the same fiber for two
-//! samples in a row is *stalled*; if its thread sleeps in the kernel (state `S`/`D` in
+//! switch) and the location of the fiber it runs. A carrier that runs the same fiber from one
+//! sample to the next is *stalled*; if its thread sleeps in the kernel (state `S`/`D` in
 //! `/proc/self/task/<tid>/stat`), or it has been stalled for ten samples (a CPU loop that never
 //! yields), it is *blocked*: the supervisor counts it, flags it so that the carrier records the
 //! location in its own map when it comes back, and starts (or wakes) a compensating carrier.
@@ -18,8 +18,10 @@ use std::time::Duration;
 
 use super::{RuntimeRef, Shared};
 
-/// Samples without progress before a stalled carrier in the kernel counts as blocked.
-const STALL_SAMPLES: u32 = 2;
+/// Samples without progress before a stalled carrier in the kernel counts as blocked: one
+/// sample means the same fiber ran through a whole interval without a switch, and a thread
+/// asleep in the kernel for that long is blocked (detection within 1–2 intervals).
+const STALL_SAMPLES: u32 = 1;
 /// Samples without progress before a carrier running on the CPU counts as blocked (a fiber that
 /// computes for ~100 ms without a switch starves the fibers queued behind it).
 const CPU_STALL_SAMPLES: u32 = 10;

@@ -12,7 +12,7 @@
 //! is a fiber parked on a *ticket* in the queue; whoever pops the ticket hands it their slot.
 //!
 //! No entry is stranded: a submitter pushes, then looks for a free slot; a fiber that gives
-//! its slot back frees it, then looks at the queue ([`Shared::pump`] on both sides). A SeqCst
+//! its slot back frees it, then looks at the queue (`Shared::pump` on both sides). A SeqCst
 //! fence sits between the write and the read on each side, so at least one of them sees the
 //! other's write (Dekker), and an entry is never left queued while every slot is free.
 //!
@@ -26,7 +26,6 @@
 
 use std::any::Any;
 use std::fmt;
-use std::marker::PhantomData;
 use std::panic::{AssertUnwindSafe, Location, catch_unwind, resume_unwind};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering, fence};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -36,7 +35,13 @@ use crossbeam_deque::{Injector, Steal};
 use crate::fiber::builder::Builder as FiberBuilder;
 use crate::runtime::context;
 use crate::scheduler::RuntimeRef;
-use crate::{Fiber, Handle, JoinHandle};
+use crate::{Fiber, JoinHandle};
+
+mod builder;
+mod scope;
+
+pub use builder::ThreadPoolBuilder;
+pub use scope::PoolScope;
 
 /// A worker fiber yields after this many jobs in a row, so that a queue of jobs that never
 /// block does not keep the other fibers of its carrier waiting.
@@ -114,86 +119,6 @@ struct Synced {
     joiners: Vec<Fiber>,
 }
 
-/// Settings for a [`ThreadPool`], like `threadpool::Builder`.
-#[derive(Debug, Clone, Default)]
-pub struct ThreadPoolBuilder {
-    num_threads: Option<usize>,
-    fiber_name: Option<String>,
-    stack_size: Option<usize>,
-    handle: Option<Handle>,
-}
-
-impl ThreadPoolBuilder {
-    /// Default settings: unbounded (unlike threadpool's default of one thread per CPU: a
-    /// blocked fiber costs a few KiB, so there is rarely a reason to bound it), fibers unnamed
-    /// with the runtime's stack size, on the current runtime.
-    pub fn new() -> ThreadPoolBuilder {
-        ThreadPoolBuilder::default()
-    }
-
-    /// At most `n` jobs run at once.
-    ///
-    /// # Panics
-    /// If `n` is 0, as threadpool's does.
-    #[track_caller]
-    pub fn num_threads(mut self, n: usize) -> ThreadPoolBuilder {
-        assert!(n > 0, "a ThreadPool needs at least one thread (got 0)");
-        self.num_threads = Some(n);
-        self
-    }
-
-    /// Names the pool's fibers (shown in panics' messages and dumps). Costs an allocation
-    /// per fiber.
-    pub fn thread_name(mut self, name: impl Into<String>) -> ThreadPoolBuilder {
-        self.fiber_name = Some(name.into());
-        self
-    }
-
-    /// The stack size of the pool's fibers, instead of the runtime's (64 KiB by default, where
-    /// a thread pool's threads had 2 MiB: raise it for jobs that recurse deeply).
-    pub fn thread_stack_size(mut self, bytes: usize) -> ThreadPoolBuilder {
-        self.stack_size = Some(bytes);
-        self
-    }
-
-    /// Runs the pool's jobs on the runtime `handle` refers to, instead of the current one.
-    pub fn handle(mut self, handle: Handle) -> ThreadPoolBuilder {
-        self.handle = Some(handle);
-        self
-    }
-
-    /// Builds the pool; nothing starts until the first job.
-    ///
-    /// # Panics
-    /// If the stack size is out of range (see [`crate::MIN_STACK_SIZE`]).
-    #[track_caller]
-    pub fn build(self) -> ThreadPool {
-        if let Some(bytes) = self.stack_size {
-            if let Err(e) = crate::fiber::stack::usable_size(bytes) {
-                panic!("invalid ThreadPool stack size: {e}");
-            }
-        }
-        let rt = match &self.handle {
-            Some(h) => h.runtime().clone(),
-            None => crate::runtime::with_current_runtime(RuntimeRef::clone),
-        };
-        ThreadPool {
-            shared: Arc::new(Shared {
-                queue: Injector::new(),
-                queued: AtomicUsize::new(0),
-                active: AtomicUsize::new(0),
-                max: AtomicUsize::new(self.num_threads.unwrap_or(usize::MAX)),
-                pending: AtomicUsize::new(0),
-                panics: AtomicUsize::new(0),
-                rt,
-                fiber_name: self.fiber_name,
-                stack_size: self.stack_size,
-                synced: Mutex::new(Synced { generation: 0, joiners: Vec::new() }),
-            }),
-        }
-    }
-}
-
 impl ThreadPool {
     /// A pool that runs at most `n` jobs at once, on the current runtime.
     ///
@@ -266,56 +191,6 @@ impl ThreadPool {
         });
         s.submit(Entry::Ticket { granted, fiber: h.fiber().clone() });
         h
-    }
-
-    /// Runs `f` with a scope whose jobs may borrow from the caller; returns once every job
-    /// executed in it has finished, like `std::thread::scope` (the jobs still count against
-    /// the pool's bound).
-    ///
-    /// # Panics
-    /// If `f` panics, or if a job executed in the scope panicked (after all have finished).
-    ///
-    /// ```
-    /// use virtual_threads as vt;
-    /// let pool = vt::ThreadPool::new(2);
-    /// let mut squares = vec![0u64; 8];
-    /// pool.scope(|s| {
-    ///     for (i, sq) in squares.iter_mut().enumerate() {
-    ///         s.execute(move || *sq = (i * i) as u64);
-    ///     }
-    /// });
-    /// assert_eq!(squares[7], 49);
-    /// ```
-    pub fn scope<'env, F, R>(&self, f: F) -> R
-    where
-        F: for<'scope> FnOnce(&'scope PoolScope<'scope, 'env>) -> R,
-    {
-        let scope = PoolScope {
-            pool: self.clone(),
-            state: Arc::new(ScopeState {
-                remaining: AtomicUsize::new(0),
-                panicked: AtomicBool::new(false),
-                waiter: crate::current(),
-            }),
-            scope: PhantomData,
-            env: PhantomData,
-        };
-        let r = match catch_unwind(AssertUnwindSafe(|| f(&scope))) {
-            // The runtime's drop is unwinding this fiber: nothing will run again to end the
-            // wait below (see the note on cancellation at `ScopedJob`).
-            Err(p) if cancelling() => resume_unwind(p),
-            r => r,
-        };
-        // Acquire pairs with the Release decrement in `ScopeState::finish`: every job's
-        // effects, and the drop of its closure, happen before the scope returns.
-        while scope.state.remaining.load(Ordering::Acquire) != 0 {
-            crate::park();
-        }
-        match r {
-            Err(p) => resume_unwind(p),
-            Ok(_) if scope.state.panicked.load(Ordering::Relaxed) => panic!("a scoped pool job panicked"),
-            Ok(r) => r,
-        }
     }
 
     /// Waits until the pool is idle: every job submitted before the call, and any submitted
@@ -547,8 +422,13 @@ impl Shared {
         let over =
             self.active.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |a| (a > max).then(|| a - 1));
         let next = match over {
-            // The bound was lowered: this slot goes; the others, still at or over it, go on.
-            Ok(_) => None,
+            // The bound was lowered: this slot goes, and the others, still at or over it, go
+            // on. `pump` still looks, as the bound read above may be stale: one raised since
+            // then pumped before this slot was free.
+            Ok(_) => {
+                self.pump();
+                None
+            }
             Err(_) => self.pop().or_else(|| {
                 self.release();
                 self.pump();
@@ -597,101 +477,6 @@ impl fmt::Debug for ThreadPool {
             .field("active_count", &self.active_count())
             .field("queued_count", &self.queued_count())
             .field("panic_count", &self.panic_count())
-            .finish()
-    }
-}
-
-/// A scope of a [`ThreadPool`] whose jobs may borrow from outside it; see [`ThreadPool::scope`].
-pub struct PoolScope<'scope, 'env: 'scope> {
-    pool: ThreadPool,
-    state: Arc<ScopeState>,
-    scope: PhantomData<&'scope mut &'scope ()>,
-    env: PhantomData<&'env mut &'env ()>,
-}
-
-struct ScopeState {
-    /// Jobs executed in the scope whose closure is not yet gone.
-    remaining: AtomicUsize,
-    panicked: AtomicBool,
-    waiter: Fiber,
-}
-
-impl ScopeState {
-    fn finish(&self) {
-        // Release pairs with the Acquire load in `ThreadPool::scope`.
-        if self.remaining.fetch_sub(1, Ordering::Release) == 1 {
-            self.waiter.unpark();
-        }
-    }
-}
-
-impl<'scope> PoolScope<'scope, '_> {
-    /// Runs `f` on the pool as soon as a slot is free; `f` may borrow anything that outlives
-    /// the scope. A panic in `f` is counted by the pool and makes the scope panic at its end.
-    pub fn execute<F>(&'scope self, f: F)
-    where
-        F: FnOnce() + Send + 'scope,
-    {
-        self.state.remaining.fetch_add(1, Ordering::Relaxed);
-        let job =
-            ScopedJob { f: Some(f), state: Arc::clone(&self.state), pool: Arc::clone(&self.pool.shared) };
-        let job: Box<dyn FnOnce() + Send + 'scope> = Box::new(move || job.run());
-        // SAFETY: only the lifetime changes. `ThreadPool::scope` returns (and the borrowed
-        // data may go) only after `remaining` is back to zero, and `ScopedJob`'s drop lowers it
-        // after the closure is gone, whether it ran or not, on every path but one: the runtime's
-        // drop unwinding the scope's fiber (noted at `ScopedJob`).
-        let job: Job = unsafe { std::mem::transmute::<Box<dyn FnOnce() + Send + 'scope>, Job>(job) };
-        self.pool.execute(job);
-    }
-
-    /// The pool this scope runs its jobs on.
-    pub fn pool(&self) -> &ThreadPool {
-        &self.pool
-    }
-}
-
-/// A borrowing job; it tells the scope when its closure is gone.
-///
-/// Cancellation: when a runtime is dropped it unwinds its fibers one by one, so a scope's fiber
-/// may be unwound while its jobs still sit in the queue or in other fibers; it cannot wait
-/// for them then (nothing runs any more), as `vt::scope` cannot. Their closures are dropped
-/// later, and must not touch borrowed data in their destructors.
-struct ScopedJob<F> {
-    f: Option<F>,
-    state: Arc<ScopeState>,
-    pool: Arc<Shared>,
-}
-
-impl<F: FnOnce()> ScopedJob<F> {
-    fn run(mut self) {
-        let f = self.f.take().expect("a scoped job runs once");
-        if let Err(p) = catch_unwind(AssertUnwindSafe(f)) {
-            // Counted here, before the scope can end, rather than by the worker.
-            drop(self.pool.count_panic(p));
-            self.state.panicked.store(true, Ordering::Relaxed);
-        }
-    }
-}
-
-impl<F> Drop for ScopedJob<F> {
-    fn drop(&mut self) {
-        struct Finish<'a>(&'a ScopeState);
-        impl Drop for Finish<'_> {
-            fn drop(&mut self) {
-                self.0.finish();
-            }
-        }
-        // Last, even if the closure's destructor panics: the scope may end right after.
-        let _finish = Finish(&self.state);
-        drop(self.f.take());
-    }
-}
-
-impl fmt::Debug for PoolScope<'_, '_> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("PoolScope")
-            .field("pool", &self.pool)
-            .field("remaining", &self.state.remaining.load(Ordering::Relaxed))
             .finish()
     }
 }
