@@ -136,7 +136,7 @@ pub(crate) struct FiberRecord {
     pub(crate) blocking_at: Cell<Option<&'static Location<'static>>>,
 }
 
-// SAFETY: the `Coroutine` is `!Send` because the data on its stack may be `!Send`; the runtime
+// Why: the `Coroutine` is `!Send` because the data on its stack may be `!Send`; the runtime
 // moves started fibers between carriers and states that contract in the README's "Soundness"
 // section (no `!Send` value or thread-local borrow is held across a switch point; `pinned` and
 // `pin_started_fibers` give the strict alternative). The `Cell`/`UnsafeCell` fields are touched
@@ -146,6 +146,7 @@ pub(crate) struct FiberRecord {
 // [3] the join protocol, whose state word orders `waiter` and `stage` (see `join.rs`), or
 // [4] the runtime's drop after all carriers have stopped. `id`, `name`, `spawned_at`, `class`
 // and `runtime` are written only in [2] and read-only while the record is live.
+// SAFETY: by the argument above.
 unsafe impl Send for FiberRecord {}
 // SAFETY: as above.
 unsafe impl Sync for FiberRecord {}

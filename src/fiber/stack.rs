@@ -294,11 +294,13 @@ impl Drop for FiberStack {
     }
 }
 
-// SAFETY: [1] `base` (top of the slot) and `limit` (bottom, including the guard page) are
-// page-aligned, hence 16-byte aligned; [2] `(limit + page, base]` is mapped read-write and holds
-// `usable ≥ MIN_STACK_SIZE ≥ 4 KiB`; [3] the guard page at `limit` was installed when the slot
-// was carved and is never removed; [4] a slot is owned by exactly one `FiberStack` at a time
-// (the pool hands each out once and takes it back only from `Drop` or `into_raw`).
+// The `Stack` contract holds: [1] `base` (top of the slot) and `limit` (bottom, including the
+// guard page) are page-aligned, hence 16-byte aligned; [2] `(limit + page, base]` is mapped
+// read-write and holds `usable ≥ MIN_STACK_SIZE ≥ 4 KiB`; [3] the guard page at `limit` was
+// installed when the slot was carved and is never removed; [4] a slot is owned by exactly one
+// `FiberStack` at a time (the pool hands each out once and takes it back only from `Drop` or
+// `into_raw`).
+// SAFETY: by [1]–[4] above.
 unsafe impl corosensei::stack::Stack for FiberStack {
     #[inline]
     fn base(&self) -> corosensei::stack::StackPointer {
