@@ -484,7 +484,10 @@ impl Carrier {
     /// Bookkeeping when a fiber leaves this carrier: the supervisor's view and blocking state.
     fn switched_out(&self) {
         let slot = &self.rt.slots[self.index];
-        let loc = slot.location.swap(std::ptr::null_mut(), Ordering::Release);
+        // This carrier is the only writer of `location`: a load and a store, not a swap (one
+        // locked instruction fewer per switch).
+        let loc = slot.location.load(Ordering::Relaxed);
+        slot.location.store(std::ptr::null_mut(), Ordering::Release);
         if slot.caught.load(Ordering::Relaxed) && slot.caught.swap(false, Ordering::Acquire) && !loc.is_null()
         {
             // SAFETY: `location` only ever holds `&'static Location` pointers.
