@@ -237,9 +237,11 @@ pub fn sleep(dur: Duration) {
         return;
     }
     let Some(deadline) = Instant::now().checked_add(dur) else {
-        loop {
+        // "For ever": park until the runtime's drop unwinds this fiber.
+        while context::cancelling().is_null() {
             park();
         }
+        return;
     };
     sleep_until(deadline);
 }

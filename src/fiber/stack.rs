@@ -127,13 +127,6 @@ impl SizeClass {
         }
     }
 
-    /// Stacks carved so far and stacks sitting in the shared pool.
-    #[allow(dead_code)] // read by metrics
-    pub(crate) fn counts(&self) -> (usize, usize) {
-        let free = self.free.lock().unwrap_or_else(|e| e.into_inner()).len();
-        (self.carved.load(Ordering::Relaxed), free)
-    }
-
     #[cold]
     fn carve(&self) -> io::Result<usize> {
         let mut c = self.carver.lock().unwrap_or_else(|e| e.into_inner());

@@ -229,13 +229,16 @@ impl<S: AsFd> IoSource<S> {
             }
             let waited = match (waiter, reg) {
                 (Waiter::Fiber, Some(r)) => r.readiness().wait(dir, deadline),
-                (Waiter::Fiber, None) if self.reg.get().is_none() => {
-                    // First wait: register, then go round again to take a snapshot (the
-                    // registration reports the current readiness, so nothing is missed).
+                (Waiter::Fiber, None) => {
+                    // First wait: register (unless another fiber just did: `register` checks
+                    // under its lock), then go round again to take a snapshot (the
+                    // registration reports the current readiness, so nothing is missed). A
+                    // fiber must never fall through to the thread wait: `poll(2)` would block
+                    // its carrier, and a close would never wake it.
                     self.register()?;
                     continue;
                 }
-                _ => self.wait_thread(dir, deadline)?,
+                (Waiter::Thread, _) => self.wait_thread(dir, deadline)?,
             };
             match waited {
                 Wait::Ready => {}

@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 #[derive(Clone, Debug)]
-#[allow(dead_code)] // `max_carriers`, `fiber_roots`, `supervisor_interval`: read by the supervisor and dumps
+#[allow(dead_code)] // `fiber_roots`: reserved for fiber dumps (not implemented yet)
 pub(crate) struct Config {
     pub(crate) carriers: usize,
     pub(crate) max_carriers: usize,
