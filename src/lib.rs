@@ -33,6 +33,7 @@
 #![warn(missing_docs, unreachable_pub)]
 
 pub mod channel;
+mod diagnostics;
 mod fiber;
 pub mod fs;
 mod metrics;
@@ -45,6 +46,7 @@ mod scope;
 pub mod sync;
 mod time;
 
+pub use diagnostics::{FiberDump, FiberGroup, FiberInfo, FiberState, WaitReason};
 pub use fiber::builder::{Builder, spawn};
 pub use fiber::join::JoinHandle;
 pub use fiber::local::LocalKey;

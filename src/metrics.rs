@@ -1,18 +1,61 @@
 //! `Runtime::metrics()`: a snapshot of what the runtime did, read without disturbing it.
 //!
-//! Counters live where they are written (per carrier, or in the supervisor) and are summed on
-//! read. The diagnostics work extends this with per-carrier scheduling counters.
+//! Counters live where they are written — each carrier's own `Stats` (single writer, a load
+//! and a store per bump, on the carrier's own cache lines), the supervisor's, and a few shared
+//! ones for work from plain threads — and are summed on read. See `arch/diagnostics.md`.
 
 use std::fmt;
 use std::panic::Location;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
 
 use crate::scheduler::Shared;
 
 /// A snapshot of a runtime's counters. `Debug` and `Display` print it.
+///
+/// Counters are read one at a time while the runtime runs, so two of them may disagree by
+/// the work done during the read; on a quiet runtime they add up
+/// (`fibers_spawned == fibers_finished + fibers_live`).
 #[derive(Clone, Debug)]
 #[non_exhaustive]
 pub struct Metrics {
+    /// Fibers spawned on this runtime.
+    pub fibers_spawned: u64,
+    /// Fibers that finished (returned, panicked, could not start, or were cancelled by the
+    /// runtime's drop).
+    pub fibers_finished: u64,
+    /// Fibers spawned and not finished: running, runnable or parked.
+    pub fibers_live: u64,
+    /// Times a carrier switched into a fiber (first runs and resumptions).
+    pub switches: u64,
+    /// Times a fiber parked (switched out to wait).
+    pub parks: u64,
+    /// Times a parked fiber was made runnable by another fiber or a plain thread (timers and
+    /// I/O are counted apart).
+    pub unparks: u64,
+    /// Fibers a carrier took from another carrier's deque.
+    pub steals: u64,
+    /// Fibers pushed into the global injector (from plain threads, and a full local deque's
+    /// overflow).
+    pub injector_pushes: u64,
+    /// Fibers carriers took from the injector.
+    pub injector_pops: u64,
+    /// Fibers woken by their timer (sleeps, timed waits).
+    pub timer_wakeups: u64,
+    /// Fibers woken by socket readiness.
+    pub io_wakeups: u64,
+    /// Time carriers spent asleep with nothing to do, summed over carriers.
+    pub idle_time: Duration,
+    /// Stacks a carrier found in its own cache.
+    pub stack_pool_hits: u64,
+    /// Times a carrier's stack cache was empty and it went to the shared pool (or carved).
+    pub stack_pool_misses: u64,
+    /// Stacks of this runtime's default size carved so far (process-wide: stacks outlive
+    /// runtimes and are shared by runtimes with the same stack size).
+    pub stacks_carved: u64,
+    /// Address space reserved by those stacks, guard pages included. Only the pages fibers
+    /// touched are memory.
+    pub stack_bytes_reserved: u64,
     /// Carriers the runtime aims to have running fibers.
     pub carriers_target: usize,
     /// Carriers not retired now (compensating ones included).
@@ -27,9 +70,6 @@ pub struct Metrics {
     pub compensations: u64,
     /// Locations known to block, with how often fibers from them ran and were caught blocking.
     pub known_blocking: Vec<BlockingLocation>,
-    /// Unfinished fibers that have parked at least once (the registry that dropping the runtime
-    /// unwinds): an upper bound on the fibers parked now.
-    pub fibers_registered: usize,
 }
 
 /// A code location the supervisor learned blocks its carrier.
@@ -47,7 +87,33 @@ pub struct BlockingLocation {
 impl Metrics {
     pub(crate) fn read(rt: &Shared) -> Metrics {
         let known = rt.known.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        let slots = &rt.slots[..rt.started()];
+        let sum = |field: fn(&crate::scheduler::Stats) -> &AtomicU64| -> u64 {
+            slots.iter().map(|s| field(&s.stats).load(Ordering::Relaxed)).sum()
+        };
+        let remote = &rt.remote;
+        // Finished before spawned: a fiber counted finished was spawned earlier, so `live`
+        // never reads negative on a running runtime.
+        let finished = sum(|s| &s.finished) + remote.finished.load(Ordering::Relaxed);
+        let spawned = sum(|s| &s.spawned) + remote.spawned.load(Ordering::Relaxed);
+        let (carved, reserved, _) = rt.stacks.usage();
         Metrics {
+            fibers_spawned: spawned,
+            fibers_finished: finished,
+            fibers_live: spawned.saturating_sub(finished),
+            switches: slots.iter().map(|s| s.progress.load(Ordering::Relaxed)).sum(),
+            parks: sum(|s| &s.parks),
+            unparks: sum(|s| &s.unparks) + remote.unparks.load(Ordering::Relaxed),
+            steals: sum(|s| &s.steals),
+            injector_pushes: sum(|s| &s.injector_pushes) + remote.injector_pushes.load(Ordering::Relaxed),
+            injector_pops: sum(|s| &s.injector_pops),
+            timer_wakeups: sum(|s| &s.timer_wakeups),
+            io_wakeups: sum(|s| &s.io_wakeups),
+            idle_time: Duration::from_nanos(sum(|s| &s.idle_ns)),
+            stack_pool_hits: sum(|s| &s.stack_hits),
+            stack_pool_misses: sum(|s| &s.stack_misses),
+            stacks_carved: carved as u64,
+            stack_bytes_reserved: reserved as u64,
             carriers_target: rt.target,
             carriers_current: rt.active.load(Ordering::Relaxed),
             carriers_peak: rt.peak.load(Ordering::Relaxed),
@@ -58,7 +124,6 @@ impl Metrics {
                 .into_iter()
                 .map(|k| BlockingLocation { location: k.location, runs: k.runs, caught: k.caught })
                 .collect(),
-            fibers_registered: rt.registry.len(),
         }
     }
 }
@@ -67,11 +132,35 @@ impl fmt::Display for Metrics {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         writeln!(
             f,
+            "fibers: {} spawned, {} finished, {} live",
+            self.fibers_spawned, self.fibers_finished, self.fibers_live
+        )?;
+        writeln!(
+            f,
+            "scheduling: {} switches, {} parks, {} unparks, {} steals, injector {} in / {} out",
+            self.switches, self.parks, self.unparks, self.steals, self.injector_pushes, self.injector_pops
+        )?;
+        writeln!(
+            f,
+            "wake-ups: {} by timers, {} by I/O; carriers idle {:.3} s in all",
+            self.timer_wakeups,
+            self.io_wakeups,
+            self.idle_time.as_secs_f64()
+        )?;
+        writeln!(
+            f,
+            "stacks: {} carved ({} MiB reserved), carrier cache {} hits / {} misses",
+            self.stacks_carved,
+            self.stack_bytes_reserved >> 20,
+            self.stack_pool_hits,
+            self.stack_pool_misses
+        )?;
+        writeln!(
+            f,
             "carriers: {} target, {} now, {} peak, {} blocked",
             self.carriers_target, self.carriers_current, self.carriers_peak, self.carriers_blocked
         )?;
         writeln!(f, "supervisor: {} detections, {} compensations", self.detections, self.compensations)?;
-        writeln!(f, "fibers that parked and have not finished: {}", self.fibers_registered)?;
         for k in &self.known_blocking {
             writeln!(f, "known blocking: {} ({} runs, caught {} times)", k.location, k.runs, k.caught)?;
         }

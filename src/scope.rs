@@ -14,7 +14,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use crate::fiber::builder::Builder;
 use crate::fiber::{JoinHandle, NO_HOME};
 use crate::runtime::context;
-use crate::{Fiber, current, park};
+use crate::{Fiber, current};
 
 pub(crate) struct ScopeData {
     running: AtomicUsize,
@@ -81,7 +81,7 @@ where
     };
     let result = catch_unwind(AssertUnwindSafe(|| f(&scope)));
     while scope.data.running.load(Ordering::Acquire) != 0 {
-        park();
+        crate::fiber::park::park_for(crate::diagnostics::WaitReason::Scope, None);
     }
     match result {
         Err(e) => resume_unwind(e),

@@ -378,7 +378,10 @@ fn accept_under_an_exhausted_fd_limit_is_an_error_and_the_server_keeps_running()
         filler.pop(); // one descriptor free: the client takes it, none is left for accept
         let mut client = TcpStream::connect(addr).unwrap();
         let e = listener.accept().unwrap_err();
-        assert_eq!(e.raw_os_error(), Some(libc::EMFILE), "{e:?}");
+        // The OS error, explained: which limit, and how to raise it.
+        let os = e.get_ref().and_then(|inner| inner.source()).and_then(|s| s.downcast_ref::<io::Error>());
+        assert_eq!(os.and_then(io::Error::raw_os_error), Some(libc::EMFILE), "{e:?}");
+        assert!(e.to_string().contains("RLIMIT_NOFILE") && e.to_string().contains("ulimit -n"), "{e}");
         // Free descriptors: the same listener takes the same queued connection.
         filler.truncate(filler.len() - 2);
         let (conn, _) = listener.accept().unwrap();

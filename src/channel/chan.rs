@@ -253,7 +253,18 @@ impl<T> Chan<T> {
             let slot = synced.own_slot(Some(msg));
             synced.senders.push_back(slot.clone());
             drop(synced);
-            let outcome = slot.waiter().wait(WaitReason::ChannelSend, deadline);
+            let abandon = |outcome: Option<Outcome>| {
+                if outcome.is_none() {
+                    // Never taken: withdraw it, and drop the message (outside the lock) with
+                    // the rest of what the unwound fiber owned. It was never delivered.
+                    let mut synced = self.lock();
+                    synced.senders.remove(slot.waiter());
+                    let msg = slot.take();
+                    drop(synced);
+                    drop(msg);
+                }
+            };
+            let outcome = slot.waiter().wait_or_abandon(WaitReason::ChannelSend, deadline, abandon);
             if outcome == Outcome::Granted(0) {
                 // A receiver took the message.
                 return Ok(());
@@ -326,7 +337,32 @@ impl<T> Chan<T> {
             let slot = synced.own_slot(None);
             synced.receivers.push_back(slot.clone());
             drop(synced);
-            match slot.waiter().wait(WaitReason::ChannelRecv, deadline) {
+            let abandon = |outcome: Option<Outcome>| {
+                let mut synced = self.lock();
+                match outcome {
+                    None => synced.receivers.remove(slot.waiter()),
+                    Some(Outcome::Granted(_)) => {
+                        // A message was delivered to a receiver that is gone: give it to the
+                        // next one, or put it back at the head of the buffer (the room it
+                        // came from may be taken again, so this may exceed `cap` by one).
+                        let mut msg = slot.take().expect("granted receive slot");
+                        while let Some(next) = synced.receivers.pop_front() {
+                            next.put(msg);
+                            let granted = next.grant();
+                            synced.recycle(&next);
+                            if granted {
+                                drop(synced);
+                                next.waiter().unpark();
+                                return;
+                            }
+                            msg = next.take().expect("message put just above");
+                        }
+                        synced.buf.push_front(msg);
+                    }
+                    Some(_) => {}
+                }
+            };
+            match slot.waiter().wait_or_abandon(WaitReason::ChannelRecv, deadline, abandon) {
                 // The sender wrote the message before its Release `grant`, which `wait` saw
                 // with Acquire, and it no longer touches the slot.
                 Outcome::Granted(_) => return Ok(slot.take().expect("granted receive slot")),

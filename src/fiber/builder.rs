@@ -120,18 +120,22 @@ impl Builder {
             class,
             vtable: &Erased::<F, T>::VTABLE,
             scope,
+            since: rt.clock.stamp().unwrap_or(0),
         };
         // SAFETY: `slot` came from a pool (or is new): unused and ours.
-        let rec = unsafe { FiberRecord::init(slot, init) };
+        let (rec, for_handle) = unsafe { FiberRecord::init(slot, init) };
         // SAFETY: the record is not queued yet: we are its only user.
         unsafe { rec.put_stage(f, STAGE_CLOSURE) };
-        let handle = JoinHandle { fiber: Fiber::from_record(rec.clone()), _result: PhantomData };
+        let handle = JoinHandle { fiber: Fiber::from_record(for_handle), _result: PhantomData };
         match local {
             Some(c) => {
                 c.schedule_local(rec, Wake::Spawn);
                 fork_yield(c);
             }
-            None => rt.schedule_remote(rec),
+            None => {
+                rt.remote.spawned.fetch_add(1, Ordering::Relaxed);
+                rt.schedule_remote(rec);
+            }
         }
         Ok(handle)
     }

@@ -11,10 +11,13 @@
 //! the fiber unparks it; if the CAS in 2 fails, the result is already there. If 1 sees
 //! `DETACHED`, or 3 sees `DONE`, that side drops the result. Exactly one party takes or drops
 //! the result, and then tells the fiber's scope, if any.
+//!
+//! The steps on the word are functions over [`JoinWord`], so the loom models at the foot of
+//! this file run them on loom's atomic (`arch/loom.md`).
 
 use std::fmt;
 use std::marker::PhantomData;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU8, Ordering};
 use std::thread;
 
 use super::park::Fiber;
@@ -26,23 +29,114 @@ const DONE: u8 = 2;
 const DETACHED: u8 = 3;
 const TAKEN: u8 = 4;
 
+/// The join word's atomic: std's in a fiber record, loom's in the models, which thus run the
+/// same steps as the runtime. (If the record's word comes from `crate::sync::loom` one day,
+/// this trait can go.)
+trait JoinWord {
+    fn load(&self, order: Ordering) -> u8;
+    fn store(&self, value: u8, order: Ordering);
+    fn swap(&self, value: u8, order: Ordering) -> u8;
+    fn compare_exchange(&self, current: u8, new: u8, success: Ordering, failure: Ordering) -> Result<u8, u8>;
+}
+
+macro_rules! join_word {
+    ($atomic:ty) => {
+        impl JoinWord for $atomic {
+            fn load(&self, order: Ordering) -> u8 {
+                <$atomic>::load(self, order)
+            }
+            fn store(&self, value: u8, order: Ordering) {
+                <$atomic>::store(self, value, order)
+            }
+            fn swap(&self, value: u8, order: Ordering) -> u8 {
+                <$atomic>::swap(self, value, order)
+            }
+            fn compare_exchange(
+                &self,
+                current: u8,
+                new: u8,
+                success: Ordering,
+                failure: Ordering,
+            ) -> Result<u8, u8> {
+                <$atomic>::compare_exchange(self, current, new, success, failure)
+            }
+        }
+    };
+}
+join_word!(AtomicU8);
+#[cfg(loom)]
+join_word!(loom::sync::atomic::AtomicU8);
+
+/// Who must act on a result once it is published (step 1).
+#[derive(Debug)]
+enum Completion {
+    /// Nobody yet: the handle will find it.
+    Kept,
+    /// A joiner waits: unpark it.
+    WakeJoiner,
+    /// The handle is gone: the result is the fiber's to drop.
+    DropResult,
+}
+
+/// Step 1: the result is in the stage; publish it.
+fn publish_result(join: &impl JoinWord) -> Completion {
+    // AcqRel: Release publishes the result; Acquire sees the joiner's handle (WAITING).
+    match join.swap(DONE, Ordering::AcqRel) {
+        WAITING => Completion::WakeJoiner,
+        DETACHED => Completion::DropResult,
+        _ => Completion::Kept,
+    }
+}
+
+/// Step 2: returns once the result is in the stage (DONE seen with Acquire). `publish_handle`
+/// stores the joiner's handle where the fiber will look; `park` waits for an unpark and may
+/// return spuriously.
+fn wait_for_result(join: &impl JoinWord, publish_handle: impl FnOnce(), mut park: impl FnMut()) {
+    if join.load(Ordering::Acquire) != DONE {
+        publish_handle();
+        // Release publishes the handle to the fiber's swap; Acquire on failure sees the result.
+        if join.compare_exchange(EMPTY, WAITING, Ordering::AcqRel, Ordering::Acquire).is_ok() {
+            while join.load(Ordering::Acquire) != DONE {
+                park();
+            }
+        }
+    }
+}
+
+/// After the joiner took the result: the handle's drop has nothing left to do. Relaxed: only
+/// the same thread, in that drop, reads it.
+fn mark_taken(join: &impl JoinWord) {
+    join.store(TAKEN, Ordering::Relaxed);
+}
+
+/// Step 3: the handle is dropped. Returns true when the result is there and is the caller's
+/// to drop.
+fn detach(join: &impl JoinWord) -> bool {
+    if join.load(Ordering::Relaxed) == TAKEN {
+        return false;
+    }
+    // AcqRel: Acquire sees the result (DONE); Release orders the handle's uses before the
+    // fiber's drop of the result (DETACHED).
+    join.swap(DETACHED, Ordering::AcqRel) == DONE
+}
+
 /// Step 1 (the fiber's side), after it stored its result in the stage. Called once.
 pub(crate) fn complete(rec: &FiberRecord) {
-    match rec.join.swap(DONE, Ordering::AcqRel) {
-        WAITING => {
+    match publish_result(&rec.join) {
+        Completion::WakeJoiner => {
             // SAFETY: WAITING means the joiner stored its handle before its Release CAS, which
             // our Acquire swap observed; the joiner does not touch it again until DONE.
             if let Some(w) = unsafe { (*rec.waiter.get()).take() } {
                 w.unpark();
             }
         }
-        DETACHED => {
+        Completion::DropResult => {
             // Nobody will join: the result is ours to drop.
             // SAFETY: the stage holds this fiber's result; the handle is gone.
             let panicked = unsafe { (rec.vtable.get().drop_result)(rec) };
             scope_done(rec, panicked);
         }
-        _ => {}
+        Completion::Kept => {}
     }
 }
 
@@ -72,20 +166,16 @@ impl<T> JoinHandle<T> {
     /// Called from a fiber, this parks the fiber; from a plain thread, it blocks the thread.
     pub fn join(self) -> thread::Result<T> {
         let rec = self.rec();
-        if rec.join.load(Ordering::Acquire) != DONE {
-            // SAFETY: the fiber reads `waiter` only after seeing WAITING, not yet published.
-            unsafe { *rec.waiter.get() = Some(crate::current()) };
-            if rec.join.compare_exchange(EMPTY, WAITING, Ordering::AcqRel, Ordering::Acquire).is_ok() {
-                while rec.join.load(Ordering::Acquire) != DONE {
-                    crate::park();
-                }
-            }
-        }
+        // SAFETY: the fiber reads `waiter` only after seeing WAITING, not yet published.
+        let publish_handle = || unsafe { *rec.waiter.get() = Some(crate::current()) };
+        wait_for_result(&rec.join, publish_handle, || {
+            super::park::park_for(crate::diagnostics::WaitReason::Join, None)
+        });
         debug_assert_eq!(rec.stage_kind.get(), STAGE_RESULT);
         // SAFETY: DONE was observed with Acquire, so the fiber's write of its result happened
         // before; it is a `thread::Result<T>` (this handle's type), and we are the only taker.
         let r = unsafe { rec.take_stage::<thread::Result<T>>() };
-        rec.join.store(TAKEN, Ordering::Relaxed);
+        mark_taken(&rec.join);
         scope_done(rec, false);
         r
     }
@@ -104,10 +194,7 @@ impl<T> JoinHandle<T> {
 impl<T> Drop for JoinHandle<T> {
     fn drop(&mut self) {
         let rec = self.rec();
-        if rec.join.load(Ordering::Relaxed) == TAKEN {
-            return;
-        }
-        if rec.join.swap(DETACHED, Ordering::AcqRel) == DONE {
+        if detach(&rec.join) {
             // SAFETY: DONE: the result is in the stage and nobody else will take it.
             let panicked = unsafe { (rec.vtable.get().drop_result)(rec) };
             scope_done(rec, panicked);
@@ -121,5 +208,97 @@ impl<T> fmt::Debug for JoinHandle<T> {
             .field("fiber", &self.fiber)
             .field("finished", &self.is_finished())
             .finish()
+    }
+}
+
+#[cfg(all(test, loom))]
+mod loom_tests {
+    //! The real steps on a loom word, with loom cells for the record's `stage` and `waiter`
+    //! and a loom thread (its park and unpark) for the joiner, as for a plain-thread joiner.
+    //! A fiber joiner parks through the state word instead, modelled in `state.rs`.
+    use loom::alloc::Track;
+    use loom::cell::UnsafeCell;
+    use loom::sync::atomic::AtomicU8;
+    use loom::thread::{self, Thread};
+
+    use super::*;
+    use crate::sync::loom::Arc;
+
+    /// The parts of a fiber record the hand-off touches.
+    struct Record {
+        join: AtomicU8,
+        stage: UnsafeCell<Option<Track<u32>>>,
+        waiter: UnsafeCell<Option<Thread>>,
+    }
+
+    impl Record {
+        fn new() -> Arc<Record> {
+            Arc::new(Record {
+                join: AtomicU8::new(EMPTY),
+                stage: UnsafeCell::new(None),
+                waiter: UnsafeCell::new(None),
+            })
+        }
+
+        fn take_result(&self) -> Option<Track<u32>> {
+            // SAFETY: loom checks that the hand-off leaves the cell to one thread at a time.
+            self.stage.with_mut(|s| unsafe { (*s).take() })
+        }
+
+        /// The fiber's last steps: store the result (`put_stage`), then `complete`.
+        fn finish(&self) {
+            // SAFETY: as in `take_result`.
+            self.stage.with_mut(|s| unsafe { *s = Some(Track::new(7)) });
+            match publish_result(&self.join) {
+                Completion::WakeJoiner => {
+                    // SAFETY: as in `take_result`.
+                    if let Some(w) = self.waiter.with_mut(|w| unsafe { (*w).take() }) {
+                        w.unpark();
+                    }
+                }
+                Completion::DropResult => drop(self.take_result().expect("the result is dropped once")),
+                Completion::Kept => {}
+            }
+        }
+    }
+
+    /// `JoinHandle::join` against the fiber finishing: the joiner always wakes (else loom
+    /// reports a deadlock) and takes the result exactly once.
+    #[test]
+    fn loom_join_races_completion() {
+        loom::model(|| {
+            let rec = Record::new();
+            let fiber = {
+                let rec = rec.clone();
+                thread::spawn(move || rec.finish())
+            };
+            // SAFETY: as in `take_result`.
+            let publish_handle = || rec.waiter.with_mut(|w| unsafe { *w = Some(thread::current()) });
+            wait_for_result(&rec.join, publish_handle, thread::park);
+            let r = rec.take_result().expect("the joiner finds the result");
+            assert_eq!(*r.get_ref(), 7);
+            mark_taken(&rec.join);
+            assert!(!detach(&rec.join), "the handle's drop after a join drops nothing");
+            fiber.join().unwrap();
+            assert!(rec.take_result().is_none(), "the result was taken once");
+        });
+    }
+
+    /// A handle dropped without joining against the fiber finishing: exactly one side drops
+    /// the result (twice panics in `expect`; never fails the last check).
+    #[test]
+    fn loom_detach_races_completion() {
+        loom::model(|| {
+            let rec = Record::new();
+            let fiber = {
+                let rec = rec.clone();
+                thread::spawn(move || rec.finish())
+            };
+            if detach(&rec.join) {
+                drop(rec.take_result().expect("the result is dropped once"));
+            }
+            fiber.join().unwrap();
+            assert!(rec.take_result().is_none(), "nobody dropped the result");
+        });
     }
 }

@@ -21,6 +21,7 @@ pub(crate) mod local;
 pub(crate) mod overflow;
 pub(crate) mod park;
 pub(crate) mod stack;
+pub(crate) mod state;
 
 use std::cell::{Cell, UnsafeCell};
 use std::mem::MaybeUninit;
@@ -48,13 +49,8 @@ pub(crate) enum Suspend {
 
 pub(crate) type Co = Coroutine<(), Suspend, (), FiberStack>;
 
-pub(crate) const RUNNING: u32 = 0;
-pub(crate) const RUNNABLE: u32 = 1;
-pub(crate) const PARKED: u32 = 2;
-pub(crate) const DONE: u32 = 3;
-const STATE_MASK: u32 = 3;
-/// The unpark token (see the module doc).
-pub(crate) const NOTIFIED: u32 = 4;
+use state::StateWord;
+pub(crate) use state::{DONE, PARKED, RUNNABLE, RUNNING};
 
 /// A carrier index meaning "not pinned".
 pub(crate) const NO_HOME: usize = usize::MAX;
@@ -89,7 +85,7 @@ pub(crate) struct FiberRecord {
     /// References (`FiberRef`s); at zero the record goes back to its runtime's pool.
     refs: AtomicUsize,
     /// State word: `RUNNING | RUNNABLE | PARKED | DONE`, plus the `NOTIFIED` flag.
-    state: AtomicU32,
+    state: StateWord,
     /// The join hand-off (`join.rs`).
     pub(crate) join: AtomicU8,
     id: Cell<FiberId>,
@@ -127,8 +123,14 @@ pub(crate) struct FiberRecord {
     pub(crate) locals: local::Locals,
     /// Spawns since this fiber last yielded, for the fork-yield rule.
     pub(crate) spawns: Cell<u32>,
-    /// Where this record sits in the runtime's registry of parked fibers, if it does.
-    pub(crate) registry_slot: Cell<Option<(usize, usize)>>,
+    /// What the fiber parked on last (`WaitReason` code, `WAIT_TIMED` flag), for dumps. Written
+    /// by the fiber before it parks; atomics because a dump reads them while the fiber runs.
+    pub(crate) wait: AtomicU8,
+    /// When the fiber entered its present state (ns since the runtime's epoch, at the runtime's
+    /// coarse clock), for dumps; written only with fiber roots on.
+    pub(crate) since: AtomicU64,
+    /// The carrier that last ran the fiber, for dumps.
+    pub(crate) carrier: AtomicU32,
     /// Nesting depth of `blocking` sections (1 for a whole fiber from a known-blocking
     /// location): while positive, the carrier running the fiber counts itself as blocked.
     pub(crate) blocking_depth: Cell<u32>,
@@ -157,7 +159,7 @@ impl std::fmt::Debug for FiberRecord {
             .field("id", &self.id())
             .field("name", &self.name())
             .field("spawned_at", &self.spawned_at())
-            .field("state", &self.state.load(Ordering::Relaxed))
+            .field("state", &self.state)
             .finish()
     }
 }
@@ -171,6 +173,8 @@ pub(crate) struct Init {
     pub(crate) class: &'static SizeClass,
     pub(crate) vtable: &'static StageVTable,
     pub(crate) scope: Option<Arc<crate::scope::ScopeData>>,
+    /// The coarse clock at spawn (0 with fiber roots off).
+    pub(crate) since: u64,
 }
 
 static NO_VTABLE: StageVTable = StageVTable {
@@ -184,7 +188,7 @@ impl FiberRecord {
     pub(crate) fn blank(class: &'static SizeClass) -> NonNull<FiberRecord> {
         let rec = Box::new(FiberRecord {
             refs: AtomicUsize::new(0),
-            state: AtomicU32::new(DONE),
+            state: StateWord::new(DONE),
             join: AtomicU8::new(0),
             id: Cell::new(FiberId::PLACEHOLDER),
             name: UnsafeCell::new(None),
@@ -205,19 +209,24 @@ impl FiberRecord {
             cancelled: AtomicBool::new(false),
             locals: local::Locals::default(),
             spawns: Cell::new(0),
-            registry_slot: Cell::new(None),
+            wait: AtomicU8::new(0),
+            since: AtomicU64::new(0),
+            carrier: AtomicU32::new(u32::MAX),
             blocking_depth: Cell::new(0),
             blocking_at: Cell::new(None),
         });
         NonNull::from(Box::leak(rec))
     }
 
-    /// Prepares an unused record (from a pool or `blank`) for a new fiber and returns the first
-    /// reference to it. The caller then writes the closure into the stage.
+    /// Prepares an unused record (from a pool or `blank`) for a new fiber and returns two
+    /// references to it (one for the queue, one for the join handle). A third, the fiber's
+    /// reference to itself, lives until the fiber finishes (`release_finished`, `finish_now`): it
+    /// keeps a parked fiber that nobody else refers to findable by the roots, so the runtime's
+    /// drop can still unwind it. The caller then writes the closure into the stage.
     ///
     /// # Safety
     /// `ptr` must be an unused record: reference count zero, owned by the caller.
-    pub(crate) unsafe fn init(ptr: NonNull<FiberRecord>, init: Init) -> FiberRef {
+    pub(crate) unsafe fn init(ptr: NonNull<FiberRecord>, init: Init) -> (FiberRef, FiberRef) {
         // SAFETY: unused and owned by the caller: nobody else looks at it.
         let r = unsafe { ptr.as_ref() };
         debug_assert_eq!(r.refs.load(Ordering::Relaxed), 0);
@@ -231,7 +240,7 @@ impl FiberRecord {
         r.spawned_at.set(init.spawned_at);
         r.class.set(init.class);
         r.vtable.set(init.vtable);
-        r.state.store(RUNNABLE, Ordering::Relaxed);
+        r.state.reset(RUNNABLE);
         r.join.store(0, Ordering::Relaxed);
         r.started.set(false);
         r.home.store(NO_HOME, Ordering::Relaxed);
@@ -241,8 +250,13 @@ impl FiberRecord {
         r.yielder.set(std::ptr::null());
         r.blocking_depth.set(0);
         r.blocking_at.set(None);
-        r.refs.store(1, Ordering::Relaxed);
-        FiberRef(ptr)
+        r.wait.store(0, Ordering::Relaxed);
+        r.since.store(init.since, Ordering::Relaxed);
+        r.carrier.store(u32::MAX, Ordering::Relaxed);
+        // Release: a dump that upgrades this record (`FiberRef::upgrade`) sees the fields above.
+        // One store for all three references: no read-modify-write on the spawn path.
+        r.refs.store(3, Ordering::Release);
+        (FiberRef(ptr), FiberRef(ptr))
     }
 
     pub(crate) fn id(&self) -> FiberId {
@@ -315,73 +329,49 @@ impl FiberRecord {
     }
 
     pub(crate) fn state(&self) -> u32 {
-        self.state.load(Ordering::Acquire) & STATE_MASK
+        self.state.state()
     }
 
     /// Claims a runnable fiber to run it (`RUNNABLE → RUNNING`, keeping the token). Fails if
     /// it is not runnable. Every queue entry is a fiber that became runnable, so today a claim
     /// fails only on a bug; the check keeps such a bug from running one fiber on two carriers.
     pub(crate) fn try_claim(&self) -> bool {
-        let mut s = self.state.load(Ordering::Relaxed);
-        loop {
-            if s & STATE_MASK != RUNNABLE {
-                return false;
-            }
-            // Acquire pairs with the Release of whoever made it runnable (unpark's CAS or the
-            // park CAS of the previous carrier), so its stack is visible here.
-            match self.state.compare_exchange_weak(s, s & NOTIFIED, Ordering::Acquire, Ordering::Relaxed) {
-                Ok(_) => return true,
-                Err(actual) => s = actual,
-            }
-        }
+        self.state.try_claim()
     }
 
     /// Carrier side, after the fiber switched out with `Suspend::Yield`.
     pub(crate) fn set_runnable(&self) {
-        self.state.fetch_or(RUNNABLE, Ordering::Release);
+        self.state.set_runnable()
     }
 
     /// Carrier side, after the fiber switched out with `Suspend::Park`. Returns false when a
     /// token was waiting: the token is consumed and the fiber must be resumed again.
     pub(crate) fn try_set_parked(&self) -> bool {
-        // Release pairs with unpark's Acquire CAS: the next carrier to run this fiber sees
-        // everything it wrote before parking.
-        match self.state.compare_exchange(RUNNING, PARKED, Ordering::Release, Ordering::Relaxed) {
-            Ok(_) => true,
-            Err(_) => {
-                self.state.store(RUNNING, Ordering::Relaxed);
-                false
-            }
-        }
+        self.state.try_set_parked()
     }
 
     pub(crate) fn set_done(&self) {
-        self.state.store(DONE, Ordering::Release);
+        self.state.set_done()
+    }
+
+    /// Marks a fiber finished where no carrier runs it (it could not start, or the runtime's
+    /// drop unwound it) and gives up its reference to itself.
+    pub(crate) fn finish_now(this: &FiberRef) {
+        this.set_done();
+        // SAFETY: the self-reference was taken in `init` and is given up once, here or in
+        // `release_finished`; `this` is another live reference, so the count stays positive.
+        drop(FiberRef(this.0));
     }
 
     /// Fiber side: consumes the token if there is one.
     pub(crate) fn take_token(&self) -> bool {
-        self.state.compare_exchange(RUNNING | NOTIFIED, RUNNING, Ordering::Acquire, Ordering::Relaxed).is_ok()
+        self.state.take_token()
     }
 
     /// Makes the fiber runnable if it is parked, or leaves a token. Returns true when the
     /// caller must schedule it (the PARKED → RUNNABLE transition is the caller's to finish).
     pub(crate) fn notify(&self) -> bool {
-        let mut s = self.state.load(Ordering::Relaxed);
-        loop {
-            let next = match s & STATE_MASK {
-                PARKED => RUNNABLE,
-                DONE => return false,
-                _ if s & NOTIFIED != 0 => return false,
-                _ => s | NOTIFIED,
-            };
-            // AcqRel: Acquire pairs with `try_set_parked`'s Release (the parked fiber's writes),
-            // Release publishes the caller's writes (the message it is waking the fiber for).
-            match self.state.compare_exchange_weak(s, next, Ordering::AcqRel, Ordering::Relaxed) {
-                Ok(_) => return next == RUNNABLE,
-                Err(actual) => s = actual,
-            }
-        }
+        self.state.notify()
     }
 
     /// The last reference is gone: clear what described this fiber and hand the record back
@@ -448,6 +438,48 @@ impl FiberRef {
         let r = unsafe { &*ptr };
         r.refs.fetch_add(1, Ordering::Relaxed);
         FiberRef(NonNull::from(r))
+    }
+}
+
+impl FiberRef {
+    /// Takes a reference to the record at `ptr` if it describes a fiber now (its count is not
+    /// zero), as `Weak::upgrade` does; `None` for a record sitting unused in a pool. Used by
+    /// dumps, which walk every record the runtime ever allocated.
+    ///
+    /// # Safety
+    /// `ptr` must point to a record that stays allocated for the call (records are freed only
+    /// when their runtime's state is, see `scheduler::roots`).
+    pub(crate) unsafe fn upgrade(ptr: NonNull<FiberRecord>) -> Option<FiberRef> {
+        // SAFETY: allocated, by the caller's guarantee; only its atomics are touched here.
+        let refs = unsafe { &ptr.as_ref().refs };
+        let mut n = refs.load(Ordering::Relaxed);
+        loop {
+            if n == 0 {
+                return None;
+            }
+            // Acquire pairs with the Release store in `init`: the fields that describe this
+            // fiber are visible before we read them.
+            match refs.compare_exchange_weak(n, n + 1, Ordering::Acquire, Ordering::Relaxed) {
+                Ok(_) => return Some(FiberRef(ptr)),
+                Err(actual) => n = actual,
+            }
+        }
+    }
+}
+
+impl FiberRef {
+    /// Drops `this` (the carrier's reference to a fiber that just finished) together with the
+    /// fiber's reference to itself: one atomic operation for both.
+    pub(crate) fn release_finished(this: FiberRef) {
+        let ptr = this.0;
+        std::mem::forget(this);
+        // SAFETY: the record is live (we hold two of its references, given up here).
+        let r = unsafe { ptr.as_ref() };
+        // Release/Acquire as in `Drop`.
+        if r.refs.fetch_sub(2, Ordering::Release) == 2 {
+            fence(Ordering::Acquire);
+            r.recycle(ptr);
+        }
     }
 }
 

@@ -15,6 +15,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use super::{FiberRecord, FiberRef, Suspend};
+use crate::diagnostics::{PlainCall, WAIT_TIMED, WaitReason};
 use crate::runtime::context;
 
 /// A fiber's identifier: unique for the life of the process, never reused, and ordered by
@@ -160,22 +161,36 @@ fn running() -> Option<&'static FiberRecord> {
 /// Blocks the calling fiber until its token is available (see [`Fiber::unpark`]); may return
 /// spuriously. On a plain thread this is `std::thread::park`.
 pub fn park() {
-    match running() {
-        Some(rec) => park_fiber(rec, None),
-        None => std::thread::park(),
-    }
+    park_for(WaitReason::Park, None);
 }
 
 /// Like [`park`], but returns after `dur` at the latest.
 pub fn park_timeout(dur: Duration) {
+    match Instant::now().checked_add(dur) {
+        Some(d) => park_for(WaitReason::Park, Some(d)),
+        None => park_for(WaitReason::Park, None),
+    }
+}
+
+/// Every park of the crate goes through here, saying why, so dumps can tell (Go's
+/// `gopark(reason)`). Semantics of [`park`]/[`park_timeout`]; on a plain thread the wait counts
+/// as "a plain thread inside a vt call" for the deadlock report, unless it is a join (which only
+/// a finishing fiber can end).
+pub(crate) fn park_for(reason: WaitReason, deadline: Option<Instant>) {
     match running() {
-        Some(rec) => park_fiber(rec, Instant::now().checked_add(dur)),
-        None => std::thread::park_timeout(dur),
+        Some(rec) => park_fiber(rec, reason, deadline),
+        None => {
+            let _call = (!reason.waits_for_fibers()).then(PlainCall::enter);
+            match deadline {
+                None => std::thread::park(),
+                Some(d) => std::thread::park_timeout(d.saturating_duration_since(Instant::now())),
+            }
+        }
     }
 }
 
 #[inline(never)]
-fn park_fiber(rec: &FiberRecord, deadline: Option<Instant>) {
+fn park_fiber(rec: &FiberRecord, reason: WaitReason, deadline: Option<Instant>) {
     if rec.take_token() {
         return;
     }
@@ -192,6 +207,10 @@ fn park_fiber(rec: &FiberRecord, deadline: Option<Instant>) {
     if std::thread::panicking() {
         park_unwinding(rec, deadline);
         return;
+    }
+    rec.wait.store(reason.code() | if deadline.is_some() { WAIT_TIMED } else { 0 }, Ordering::Relaxed);
+    if let Some(now) = rec.runtime().clock.stamp() {
+        rec.since.store(now, Ordering::Relaxed);
     }
     if let Some(d) = deadline {
         crate::time::arm_timer(rec, d);
@@ -233,13 +252,14 @@ pub fn yield_now() {
 /// On a plain thread this is `std::thread::sleep`.
 pub fn sleep(dur: Duration) {
     if running().is_none() {
+        let _call = PlainCall::enter();
         std::thread::sleep(dur);
         return;
     }
     let Some(deadline) = Instant::now().checked_add(dur) else {
         // "For ever": park until the runtime's drop unwinds this fiber.
         while context::cancelling().is_null() {
-            park();
+            park_for(WaitReason::Sleep, None);
         }
         return;
     };
@@ -254,8 +274,11 @@ pub fn sleep_until(deadline: Instant) {
             return;
         }
         match running() {
-            Some(rec) => park_fiber(rec, Some(deadline)),
-            None => std::thread::sleep(deadline - now),
+            Some(rec) => park_fiber(rec, WaitReason::Sleep, Some(deadline)),
+            None => {
+                let _call = PlainCall::enter();
+                std::thread::sleep(deadline - now);
+            }
         }
         if !context::cancelling().is_null() {
             return;

@@ -90,6 +90,14 @@ impl SizeClass {
         class
     }
 
+    /// Stacks ever carved in this class and their reserved bytes (guard pages included), and
+    /// how many sit in the shared pool now.
+    pub(crate) fn usage(&self) -> (usize, usize, usize) {
+        let carved = self.carved.load(Ordering::Relaxed);
+        let pooled = self.free.lock().unwrap_or_else(|e| e.into_inner()).len();
+        (carved, carved * self.stride, pooled)
+    }
+
     /// Takes a stack from the shared pool, carving a new slot when the pool is empty.
     pub(crate) fn take(&'static self) -> io::Result<FiberStack> {
         let slot = self.free.lock().unwrap_or_else(|e| e.into_inner()).pop();

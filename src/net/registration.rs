@@ -27,6 +27,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
 
 use crate::Fiber;
+use crate::diagnostics::WaitReason;
 use crate::platform::net::Direction;
 use crate::scheduler::RuntimeRef;
 
@@ -183,10 +184,11 @@ impl Readiness {
             let _listed = Listed { readiness: self, dir, fiber: &me };
             // The lock is released before parking: the reactor may now take it and wake us, and
             // an unpark that lands before the park leaves a token, so the park returns at once.
-            match deadline {
-                None => crate::park(),
-                Some(d) => crate::park_timeout(d.saturating_duration_since(Instant::now())),
-            }
+            let reason = match dir {
+                Direction::Read => WaitReason::NetRead,
+                Direction::Write => WaitReason::NetWrite,
+            };
+            crate::fiber::park::park_for(reason, deadline);
         }
     }
 }
@@ -222,6 +224,13 @@ impl Registration {
 
     pub(crate) fn readiness(&self) -> &Readiness {
         &self.readiness
+    }
+
+    /// Whether the calling thread is a carrier of this registration's runtime.
+    pub(crate) fn runtime_is_current(&self) -> bool {
+        let c = crate::runtime::context::carrier();
+        // SAFETY: a non-null carrier pointer is this thread's live carrier.
+        !c.is_null() && std::ptr::eq(unsafe { (*c).shared() }, self.rt.ptr())
     }
 
     /// Whether the registration's runtime has been shut down: no carrier polls its reactor any

@@ -229,6 +229,17 @@ impl<S: AsFd> IoSource<S> {
             }
             let waited = match (waiter, reg) {
                 (Waiter::Fiber, Some(r)) => r.readiness().wait(dir, deadline),
+                (Waiter::Fiber, None) if self.reg.get().is_some_and(|r| r.runtime_is_current()) => {
+                    // Orphaned: this fiber's own runtime is being dropped, and nothing polls its
+                    // reactor. Park, to be unwound by the drop like every other waiting fiber
+                    // (re-registering and retrying here would spin, and the drop would wait
+                    // for this carrier for ever).
+                    crate::park();
+                    continue;
+                }
+                // Orphaned by another runtime's drop: wait like a thread (the supervisor
+                // compensates for the blocked carrier) rather than spin.
+                (Waiter::Fiber, None) if self.reg.get().is_some() => self.wait_thread(dir, deadline)?,
                 (Waiter::Fiber, None) => {
                     // First wait: register (unless another fiber just did: `register` checks
                     // under its lock), then go round again to take a snapshot (the

@@ -12,6 +12,7 @@ use std::os::unix::net::{self as unet, SocketAddr};
 use std::path::Path;
 
 use super::source::{IoSource, never_drained};
+use crate::platform::explain_fd_error;
 use crate::platform::net as sys;
 
 /// A Unix-domain stream socket, like [`std::os::unix::net::UnixStream`].
@@ -39,19 +40,19 @@ fn fresh<S: AsFd>(s: S) -> io::Result<IoSource<S>> {
 impl UnixStream {
     /// Connects to the socket at `path`.
     pub fn connect<P: AsRef<Path>>(path: P) -> io::Result<UnixStream> {
-        let s = crate::blocking(|| unet::UnixStream::connect(path))?;
+        let s = crate::blocking(|| unet::UnixStream::connect(path)).map_err(explain_fd_error)?;
         Ok(UnixStream { io: fresh(s)? })
     }
 
     /// Connects to the socket at `addr`.
     pub fn connect_addr(addr: &SocketAddr) -> io::Result<UnixStream> {
-        let s = crate::blocking(|| unet::UnixStream::connect_addr(addr))?;
+        let s = crate::blocking(|| unet::UnixStream::connect_addr(addr)).map_err(explain_fd_error)?;
         Ok(UnixStream { io: fresh(s)? })
     }
 
     /// A connected pair of unnamed sockets.
     pub fn pair() -> io::Result<(UnixStream, UnixStream)> {
-        let (a, b) = unet::UnixStream::pair()?;
+        let (a, b) = unet::UnixStream::pair().map_err(explain_fd_error)?;
         Ok((UnixStream { io: fresh(a)? }, UnixStream { io: fresh(b)? }))
     }
 
@@ -77,12 +78,12 @@ impl UnixStream {
 impl UnixListener {
     /// Binds a listener to the path `path` (which must not exist yet).
     pub fn bind<P: AsRef<Path>>(path: P) -> io::Result<UnixListener> {
-        Ok(UnixListener { io: fresh(unet::UnixListener::bind(path)?)? })
+        Ok(UnixListener { io: fresh(unet::UnixListener::bind(path).map_err(explain_fd_error)?)? })
     }
 
     /// Binds a listener to `addr`.
     pub fn bind_addr(addr: &SocketAddr) -> io::Result<UnixListener> {
-        Ok(UnixListener { io: fresh(unet::UnixListener::bind_addr(addr)?)? })
+        Ok(UnixListener { io: fresh(unet::UnixListener::bind_addr(addr).map_err(explain_fd_error)?)? })
     }
 
     /// Accepts a connection, parking the fiber until one arrives.
@@ -90,7 +91,7 @@ impl UnixListener {
     /// # Errors
     /// Among others `EMFILE`/`ENFILE` when out of descriptors; the listener stays usable.
     pub fn accept(&self) -> io::Result<(UnixStream, SocketAddr)> {
-        let (s, addr) = self.io.read(|l| l.accept(), never_drained)?;
+        let (s, addr) = self.io.read(|l| l.accept(), never_drained).map_err(explain_fd_error)?;
         Ok((UnixStream { io: fresh(s)? }, addr))
     }
 

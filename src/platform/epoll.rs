@@ -10,7 +10,7 @@ pub(crate) fn epoll_create() -> io::Result<OwnedFd> {
     // SAFETY: no pointers; the result is checked.
     let fd = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
     if fd < 0 {
-        return Err(io::Error::last_os_error());
+        return Err(super::explain_fd_error(io::Error::last_os_error()));
     }
     // SAFETY: `fd` is a new descriptor that nothing else owns.
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })
@@ -56,7 +56,7 @@ pub(crate) fn eventfd() -> io::Result<OwnedFd> {
     // SAFETY: no pointers; the result is checked.
     let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
     if fd < 0 {
-        return Err(io::Error::last_os_error());
+        return Err(super::explain_fd_error(io::Error::last_os_error()));
     }
     // SAFETY: `fd` is a new descriptor that nothing else owns.
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })

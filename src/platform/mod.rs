@@ -94,6 +94,49 @@ pub(crate) fn usable_cpus() -> usize {
     std::thread::available_parallelism().map_or(1, |n| n.get())
 }
 
+/// Explains running out of descriptors, which the bare OS error ("Too many open files") does
+/// not: which limit was hit, and how to raise it. Other errors pass through unchanged. The OS
+/// error stays reachable as the explanation's `source()`.
+pub(crate) fn explain_fd_error(e: io::Error) -> io::Error {
+    let why = match e.raw_os_error() {
+        Some(libc::EMFILE) => {
+            let mut lim = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+            // SAFETY: `lim` is a valid, writable rlimit.
+            unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) };
+            format!(
+                "this process has open as many descriptors as its RLIMIT_NOFILE allows ({}, hard \
+                 limit {}); raise it with `ulimit -n N` (up to the hard limit), `LimitNOFILE=` in a \
+                 systemd unit, or `--ulimit nofile=N:N` for docker",
+                lim.rlim_cur, lim.rlim_max
+            )
+        }
+        Some(libc::ENFILE) => "the system-wide table of open files is full; raise fs.file-max \
+                               (`sysctl -w fs.file-max=N`)"
+            .to_string(),
+        _ => return e,
+    };
+    io::Error::new(e.kind(), OutOfDescriptors { os: e, why })
+}
+
+/// See [`explain_fd_error`].
+#[derive(Debug)]
+struct OutOfDescriptors {
+    os: io::Error,
+    why: String,
+}
+
+impl std::fmt::Display for OutOfDescriptors {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}: {}", self.os, self.why)
+    }
+}
+
+impl std::error::Error for OutOfDescriptors {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&self.os)
+    }
+}
+
 /// Raises the soft `RLIMIT_NOFILE` to the hard limit, as Go does at start-up: a runtime meant
 /// to hold tens of thousands of sockets should not stop at the historical 1,024.
 pub(crate) fn raise_nofile_limit() {

@@ -37,7 +37,7 @@ pub(crate) fn socket(addr: &SocketAddr, ty: libc::c_int) -> io::Result<OwnedFd> 
     // SAFETY: no pointers; the result is checked.
     let fd = unsafe { libc::socket(domain, ty | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC, 0) };
     if fd < 0 {
-        return Err(io::Error::last_os_error());
+        return Err(super::explain_fd_error(io::Error::last_os_error()));
     }
     // SAFETY: `fd` is a new descriptor that nothing else owns.
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })
@@ -119,7 +119,7 @@ pub(crate) fn accept(fd: BorrowedFd<'_>) -> io::Result<(OwnedFd, SocketAddr)> {
     // SAFETY: `storage` is a writable sockaddr_storage and `len` holds its size.
     let new = unsafe { libc::accept4(fd.as_raw_fd(), storage.as_mut_ptr().cast(), &mut len, flags) };
     if new < 0 {
-        return Err(io::Error::last_os_error());
+        return Err(super::explain_fd_error(io::Error::last_os_error()));
     }
     // SAFETY: `new` is a descriptor accept4 just created; nothing else owns it.
     let new = unsafe { OwnedFd::from_raw_fd(new) };

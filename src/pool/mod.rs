@@ -185,7 +185,7 @@ impl ThreadPool {
         let h = s.start(Held::Job, move || {
             // Acquire pairs with the Release store in `Shared::grant`.
             while !wait.load(Ordering::Acquire) {
-                crate::park();
+                crate::fiber::park::park_for(crate::diagnostics::WaitReason::PoolSlot, None);
             }
             shared.run_spawned(f)
         });
@@ -213,7 +213,7 @@ impl ThreadPool {
             synced.generation
         };
         while s.synced().generation == generation {
-            crate::park();
+            crate::fiber::park::park_for(crate::diagnostics::WaitReason::PoolJoin, None);
         }
     }
 

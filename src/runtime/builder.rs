@@ -30,7 +30,12 @@ pub struct Builder {
     supervisor_interval: Duration,
     thread_name: String,
     fork_yield: u32,
+    deadlock_report: Option<Duration>,
+    dump_on_sigquit: bool,
 }
+
+/// Default quiet period before a "possible deadlock" report (see [`Builder::deadlock_report`]).
+pub const DEFAULT_DEADLOCK_QUIET: Duration = Duration::from_secs(1);
 
 impl Default for Builder {
     fn default() -> Builder {
@@ -51,6 +56,8 @@ impl Builder {
             supervisor_interval: DEFAULT_SUPERVISOR_INTERVAL,
             thread_name: "vt-carrier".into(),
             fork_yield: 0,
+            deadlock_report: Some(DEFAULT_DEADLOCK_QUIET),
+            dump_on_sigquit: false,
         }
     }
 
@@ -91,8 +98,10 @@ impl Builder {
         self
     }
 
-    /// Keep a registry of live fibers for dumps (default `true`). Reserved: dumps are not
-    /// implemented yet, and this setting has no effect today.
+    /// Keep what [`Runtime::dump`] needs (default `true`): how long each fiber has been in its
+    /// state, and the walk over every live fiber. The registry itself costs nothing per spawn
+    /// (it is the pool of fiber records); what `false` saves is a timestamp store at each
+    /// switch. With it off, dumps are empty and the deadlock report is off.
     pub fn fiber_roots(mut self, on: bool) -> Builder {
         self.fiber_roots = on;
         self
@@ -108,6 +117,27 @@ impl Builder {
     /// Name prefix of the carrier threads (default `vt-carrier`; threads are `prefix-N`).
     pub fn thread_name(mut self, name: impl Into<String>) -> Builder {
         self.thread_name = name.into();
+        self
+    }
+
+    /// When every fiber has been parked for `quiet` and nothing the runtime knows of can wake
+    /// one (no timer, no socket, no plain thread inside a `vt` call), print "possible deadlock:
+    /// all fibers are asleep" and the fiber dump to stderr, once. Default: 1 s. `None` turns the
+    /// report off. A plain thread that holds a `Sender` or `Fiber` handle outside any `vt` call
+    /// is invisible to the runtime, hence "possible": raise `quiet` above the longest such
+    /// pause of your program. `VT_DEADLOCK_ABORT=1` in the environment makes a report abort
+    /// the process (for CI). Needs `fiber_roots`. `Some(Duration::ZERO)` is `InvalidInput`.
+    pub fn deadlock_report(mut self, quiet: Option<Duration>) -> Builder {
+        self.deadlock_report = quiet;
+        self
+    }
+
+    /// Print the fiber dump to stderr when the process receives SIGQUIT (Ctrl-\\), as the JVM
+    /// prints its thread dump (default `false`). This replaces SIGQUIT's default action (core
+    /// dump) for the whole process; the handler only writes a byte to a pipe, and a small
+    /// thread prints the dump of every runtime that asked for it.
+    pub fn dump_on_sigquit(mut self, on: bool) -> Builder {
+        self.dump_on_sigquit = on;
         self
     }
 
@@ -141,6 +171,11 @@ impl Builder {
         if self.supervisor_interval.is_zero() {
             return invalid("supervisor_interval must be greater than zero".into());
         }
+        if self.deadlock_report.is_some_and(|d| d.is_zero()) {
+            return invalid(
+                "deadlock_report's quiet period must be greater than zero (None turns it off)".into(),
+            );
+        }
         if self.thread_name.contains('\0') {
             return invalid("thread_name must not contain a NUL byte".into());
         }
@@ -154,6 +189,8 @@ impl Builder {
             supervisor_interval: self.supervisor_interval,
             thread_name: self.thread_name,
             fork_yield: self.fork_yield,
+            deadlock_report: self.deadlock_report,
+            dump_on_sigquit: self.dump_on_sigquit,
         })
     }
 }

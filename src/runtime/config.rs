@@ -3,7 +3,6 @@
 use std::time::Duration;
 
 #[derive(Clone, Debug)]
-#[allow(dead_code)] // `fiber_roots`: reserved for fiber dumps (not implemented yet)
 pub(crate) struct Config {
     pub(crate) carriers: usize,
     pub(crate) max_carriers: usize,
@@ -15,4 +14,7 @@ pub(crate) struct Config {
     pub(crate) supervisor_interval: Duration,
     pub(crate) thread_name: String,
     pub(crate) fork_yield: u32,
+    /// Quiet period before a "possible deadlock" report; `None`: never report.
+    pub(crate) deadlock_report: Option<Duration>,
+    pub(crate) dump_on_sigquit: bool,
 }

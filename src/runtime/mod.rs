@@ -20,7 +20,7 @@ pub use builder::Builder;
 use config::Config;
 
 use crate::fiber::builder::Builder as FiberBuilder;
-use crate::fiber::{DONE, FiberRef, JoinHandle};
+use crate::fiber::{DONE, FiberRecord, FiberRef, JoinHandle};
 use crate::scheduler::{RuntimeRef, Shared};
 
 /// A set of carrier threads running fibers. See the crate docs for an overview.
@@ -70,6 +70,9 @@ impl Runtime {
             crate::scheduler::supervisor::run(sup);
         })?;
         runtime.supervisor = Some(t);
+        if rt.config.dump_on_sigquit {
+            crate::diagnostics::dump_on_sigquit(&rt)?;
+        }
         Ok(runtime)
     }
 
@@ -100,9 +103,29 @@ impl Runtime {
         self.handle.clone()
     }
 
-    /// A snapshot of the runtime's counters (carriers, supervisor actions, parked fibers).
+    /// A snapshot of the runtime's counters, summed over the carriers (reading costs them
+    /// nothing).
     pub fn metrics(&self) -> crate::Metrics {
-        crate::Metrics::read(&self.handle.rt)
+        self.handle.metrics()
+    }
+
+    /// Every live fiber: id, name, state (running on which carrier, runnable, parked on what,
+    /// inside `blocking`), spawn location and for how long. `Display` groups them by state
+    /// and spawn location. Empty when the runtime was built with `fiber_roots(false)`.
+    ///
+    /// ```
+    /// let rt = virtual_threads::Runtime::builder().carriers(1).build().unwrap();
+    /// let (tx, rx) = virtual_threads::channel::bounded::<()>(0);
+    /// let h = rt.spawn(move || rx.recv());
+    /// while rt.dump().fibers().iter().all(|f| !matches!(f.state, virtual_threads::FiberState::Parked { .. })) {
+    ///     std::thread::yield_now();
+    /// }
+    /// println!("{}", rt.dump()); // "1 fiber parked on channel receive, spawned at ..."
+    /// drop(tx);
+    /// assert!(h.join().unwrap().is_err());
+    /// ```
+    pub fn dump(&self) -> crate::FiberDump {
+        self.handle.dump()
     }
 
     /// The number of carriers this runtime was built with.
@@ -150,6 +173,16 @@ impl Handle {
         }
     }
 
+    /// See [`Runtime::metrics`].
+    pub fn metrics(&self) -> crate::Metrics {
+        crate::Metrics::read(&self.rt)
+    }
+
+    /// See [`Runtime::dump`].
+    pub fn dump(&self) -> crate::FiberDump {
+        crate::diagnostics::collect(&self.rt)
+    }
+
     pub(crate) fn runtime(&self) -> &RuntimeRef {
         &self.rt
     }
@@ -180,6 +213,7 @@ impl Drop for Runtime {
             return;
         }
         rt.shutdown.store(true, Ordering::Release);
+        crate::diagnostics::forget_sigquit(rt);
         if let Some(t) = self.supervisor.take() {
             t.thread().unpark();
             let _ = t.join();
@@ -212,7 +246,7 @@ fn cancel_all(rt: &Shared) {
 /// fibers, a `join`): waiting cannot work there, since nothing runs fibers any more, so the
 /// waiter unwinds the others itself until what it waits for is done.
 pub(crate) fn cancel_one(rt: &Shared) -> bool {
-    let next = rt.registry.pop_one().or_else(|| rt.injector.pop_any()).or_else(|| {
+    let next = rt.roots.next_parked().or_else(|| rt.injector.pop_any()).or_else(|| {
         rt.slots.iter().find_map(|slot| {
             let mut q = slot.inbox.lock().unwrap_or_else(|e| e.into_inner());
             let f = q.pop_front();
@@ -233,11 +267,11 @@ fn cancel(f: FiberRef) {
     if f.state() == DONE || f.cancelled.swap(true, Ordering::AcqRel) {
         return; // finished, or being unwound further up this thread's stack
     }
+    f.runtime().remote.finished.fetch_add(1, Ordering::Relaxed);
     let outer = context::cancelling();
     context::set_cancelling(FiberRef::as_ptr(&f));
-    // SAFETY: every carrier has stopped, and a fiber appears in at most one of the registry
-    // and the queues (a parked fiber is not queued; a queued one was taken out of the
-    // registry's view by being runnable), so this thread has exclusive access.
+    // SAFETY: every carrier has stopped, and a fiber is found once, either parked (by the walk
+    // of the roots) or runnable (in a queue), never both, so this thread has exclusive access.
     let slot = unsafe { f.co_mut() };
     if !f.started.replace(true) {
         // Never ran: bind a stack so its body can drop the closure (destructors run in fiber
@@ -267,7 +301,7 @@ fn cancel(f: FiberRef) {
             std::mem::forget(co);
         }
     }
-    f.set_done();
+    FiberRecord::finish_now(&f);
 }
 
 /// The process-wide default runtime, started on first use (by `vt::spawn` and friends called

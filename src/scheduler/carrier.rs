@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 use corosensei::CoroutineResult;
 use crossbeam_deque::{Steal, Worker};
 
-use super::{RECORD_CACHE, RuntimeRef, STOCK_BATCH, Shared, Wake};
+use super::{RECORD_CACHE, RuntimeRef, STOCK_BATCH, Shared, Wake, bump};
 use crate::fiber::park::{self as fpark, FiberId};
 use crate::fiber::stack::{FiberStack, SizeClass};
 use crate::fiber::{FiberRecord, FiberRef, NO_HOME, Suspend};
@@ -84,7 +84,12 @@ impl Carrier {
         // The overflow report runs on an alternate signal stack: the fiber's own is exhausted.
         let _altstack = crate::fiber::overflow::ensure_altstack();
         context::set_carrier(&c);
-        c.run_loop();
+        // A panic here is a runtime bug; a carrier that silently died would leave the fibers
+        // queued or pinned on it waiting for ever (found by tests/stress.rs).
+        if catch_unwind(AssertUnwindSafe(|| c.run_loop())).is_err() {
+            eprintln!("virtual-threads: internal error: carrier {index} panicked; aborting");
+            std::process::abort();
+        }
         c.exit();
         context::set_carrier(std::ptr::null());
         let stock = c.stock.replace(0);
@@ -144,9 +149,12 @@ impl Carrier {
         // SAFETY: the cache is touched only by this thread, in short sections that do not
         // re-enter (no switch point, no user code).
         let cache = unsafe { &mut *self.stacks.get() };
+        let stats = &self.rt.slots[self.index].stats;
         if let Some(s) = cache.pop() {
+            bump(&stats.stack_hits, 1);
             return Ok(s);
         }
+        bump(&stats.stack_misses, 1);
         class.take_batch(cache, STACK_CACHE / 2);
         match cache.pop() {
             Some(s) => Ok(s),
@@ -162,7 +170,7 @@ impl Carrier {
             return r;
         }
         self.rt.take_records(cache, RECORD_CACHE / 2);
-        cache.pop().unwrap_or_else(|| FiberRecord::blank(self.rt.stacks))
+        cache.pop().unwrap_or_else(|| self.rt.roots.alloc(self.index, self.rt.stacks))
     }
 
     /// Takes an unused record into the local cache (half the cache goes to the shared pool
@@ -204,6 +212,19 @@ impl Carrier {
 
     /// Makes a fiber of this runtime runnable from this carrier.
     pub(crate) fn schedule_local(&self, f: FiberRef, wake: Wake) {
+        let stats = &self.rt.slots[self.index].stats;
+        match wake {
+            Wake::Spawn => bump(&stats.spawned, 1),
+            Wake::Unpark | Wake::Timer => {
+                if wake == Wake::Unpark {
+                    bump(&stats.unparks, 1);
+                }
+                if let Some(now) = self.rt.clock.stamp() {
+                    f.since.store(now, Ordering::Relaxed);
+                }
+            }
+            Wake::Yield => {}
+        }
         let home = f.home.load(Ordering::Relaxed);
         if home != NO_HOME && home != self.index {
             self.rt.push_inbox(home, f);
@@ -233,12 +254,15 @@ impl Carrier {
             return;
         }
         if self.worker.len() >= LOCAL_CAP {
+            let mut moved = 0;
             for _ in 0..LOCAL_CAP / 2 {
                 match self.worker.pop() {
                     Some(old) => self.rt.injector.push(self.index, old),
                     None => break,
                 }
+                moved += 1;
             }
+            bump(&self.rt.slots[self.index].stats.injector_pushes, moved);
         }
         self.worker.push(f);
     }
@@ -300,14 +324,23 @@ impl Carrier {
         if tick % GLOBAL_CHECK_INTERVAL == 0 {
             self.poll_reactor_if_due();
             self.fire_timers();
+            // A retired spare, or a carrier blocked in the OS, cannot fire its own timers, and
+            // the idle path that fires them for it may never run while every carrier is busy.
+            self.fire_foreign_timers();
+            // The injector first: the inbox may never be empty (a pinned fiber that keeps
+            // yielding goes back into it), and the queues below are checked right after.
+            if let Some(f) = self.steal_injector() {
+                return Some(f);
+            }
             if let Some(f) = self.pop_inbox() {
                 return Some(f);
             }
-            if let Some(f) = self.rt.injector.steal_into(self.index, &self.worker) {
-                return Some(f);
-            }
         }
-        if self.rt.slots[self.index].inbox_len.load(Ordering::Relaxed) > 0 {
+        // The inbox comes first on every other tick only: a pinned fiber that yields goes back
+        // into it, and must not overtake the LIFO slot and the local deque for ever.
+        let inbox_first = tick % 2 == 0;
+        let inbox_waiting = || self.rt.slots[self.index].inbox_len.load(Ordering::Relaxed) > 0;
+        if inbox_first && inbox_waiting() {
             if let Some(f) = self.pop_inbox() {
                 return Some(f);
             }
@@ -322,7 +355,19 @@ impl Carrier {
             self.push_back(f);
         }
         self.lifo_streak.set(0);
-        self.worker.pop()
+        if let Some(f) = self.worker.pop() {
+            return Some(f);
+        }
+        if !inbox_first && inbox_waiting() { self.pop_inbox() } else { None }
+    }
+
+    /// A batch from the injector into the local deque, counted.
+    fn steal_injector(&self) -> Option<FiberRef> {
+        let before = self.worker.len();
+        let f = self.rt.injector.steal_into(self.index, &self.worker)?;
+        let got = 1 + self.worker.len().saturating_sub(before) as u64;
+        bump(&self.rt.slots[self.index].stats.injector_pops, got);
+        Some(f)
     }
 
     fn pop_inbox(&self) -> Option<FiberRef> {
@@ -343,7 +388,7 @@ impl Carrier {
                 return Some(f);
             }
         }
-        if let Some(f) = self.rt.injector.steal_into(self.index, &self.worker) {
+        if let Some(f) = self.steal_injector() {
             return Some(f);
         }
         // A carrier busy in a long fiber cannot fire its own timers; an idle one does it.
@@ -367,8 +412,13 @@ impl Carrier {
             loop {
                 // Take about half of the victim's queue.
                 let limit = vslot.stealer.len().div_ceil(2).max(1);
+                let before = self.worker.len();
                 match vslot.stealer.steal_batch_with_limit_and_pop(&self.worker, limit) {
-                    Steal::Success(f) => return Some(f),
+                    Steal::Success(f) => {
+                        let got = 1 + self.worker.len().saturating_sub(before) as u64;
+                        bump(&self.rt.slots[self.index].stats.steals, got);
+                        return Some(f);
+                    }
                     Steal::Empty => break,
                     Steal::Retry => std::hint::spin_loop(),
                 }
@@ -427,7 +477,8 @@ impl Carrier {
             // SAFETY: we popped `f`: exclusive access.
             if !unsafe { f.bind(self.take_stack(f.class())) } {
                 // No stack: its join handle got the error; it is finished.
-                f.set_done();
+                bump(&slot.stats.finished, 1);
+                FiberRecord::finish_now(&f);
                 self.current.set(std::ptr::null());
                 return;
             }
@@ -440,6 +491,10 @@ impl Carrier {
         match f.blocking_at.get() {
             Some(at) if f.blocking_depth.get() > 0 => self.enter_blocking(at),
             _ => slot.location.store(f.spawned_at() as *const _ as *mut _, Ordering::Release),
+        }
+        f.carrier.store(self.index as u32, Ordering::Relaxed);
+        if let Some(now) = self.rt.clock.stamp() {
+            f.since.store(now, Ordering::Relaxed);
         }
         let after = loop {
             let p = self.progress.get() + 1;
@@ -457,7 +512,7 @@ impl Carrier {
             match r {
                 CoroutineResult::Yield(Suspend::Yield) => break Some(Suspend::Yield),
                 CoroutineResult::Yield(Suspend::Park) => {
-                    self.rt.registry.insert(self.index, &f);
+                    bump(&slot.stats.parks, 1);
                     if f.try_set_parked() {
                         break Some(Suspend::Park);
                     }
@@ -469,6 +524,9 @@ impl Carrier {
         self.switched_out();
         match after {
             Some(Suspend::Yield) => {
+                if let Some(now) = self.rt.clock.stamp() {
+                    f.since.store(now, Ordering::Relaxed);
+                }
                 f.set_runnable();
                 self.current.set(std::ptr::null());
                 self.schedule_local(f, Wake::Yield);
@@ -477,6 +535,7 @@ impl Carrier {
             None => {
                 self.finish(&f);
                 self.current.set(std::ptr::null());
+                FiberRef::release_finished(f);
             }
         }
     }
@@ -539,7 +598,13 @@ impl Carrier {
 
     fn flush_to_injector(&self) {
         if let Some(f) = self.lifo_take() {
-            self.rt.injector.push(self.index, f);
+            if f.home.load(Ordering::Relaxed) == self.index {
+                // Pinned here (woken into the LIFO slot): it may run nowhere else, so it goes to
+                // this carrier's inbox, which brings a retiring spare back (`Shared::revive`).
+                self.rt.push_inbox(self.index, f);
+            } else {
+                self.rt.injector.push(self.index, f);
+            }
         }
         while let Some(f) = self.worker.pop() {
             self.rt.injector.push(self.index, f);
@@ -550,7 +615,7 @@ impl Carrier {
         // SAFETY: the fiber just returned on this carrier: nobody else can touch it.
         let co = unsafe { f.co_mut() }.take().expect("a finished fiber had its coroutine");
         self.give_stack(co.into_stack());
-        self.rt.registry.remove(f);
+        bump(&self.rt.slots[self.index].stats.finished, 1);
         f.set_done();
     }
 
@@ -565,7 +630,9 @@ impl Carrier {
         if now < next {
             return 0;
         }
-        crate::time::fire(&self.rt, self.index, now, false)
+        let n = crate::time::fire(&self.rt, self.index, now, false);
+        bump(&slot.stats.timer_wakeups, n as u64);
+        n
     }
 
     fn fire_foreign_timers(&self) -> usize {
@@ -576,6 +643,7 @@ impl Carrier {
                 woken += crate::time::fire(&self.rt, i, now, true);
             }
         }
+        bump(&self.rt.slots[self.index].stats.timer_wakeups, woken as u64);
         woken
     }
 
@@ -612,25 +680,37 @@ impl Carrier {
             slot.on_reactor.store(true, Ordering::SeqCst);
         }
         idle.register(self.index);
-        if !self.work_visible() {
+        let visible = self.work_visible();
+        if !visible {
+            let slept = Instant::now();
             let timeout = match self.rt.earliest_deadline() {
                 u64::MAX => None,
                 at => Some(Duration::from_nanos(at.saturating_sub(self.rt.ns_since_epoch(Instant::now())))),
             };
             match (&mut poller, timeout) {
                 (Some(p), t) => {
-                    self.rt.reactor.poll(p, t);
+                    let n = self.rt.reactor.poll(p, t);
+                    bump(&slot.stats.io_wakeups, n as u64);
                 }
                 (None, None) => std::thread::park(),
                 (None, Some(t)) if !t.is_zero() => std::thread::park_timeout(t),
                 (None, Some(_)) => {}
             }
+            let woke = Instant::now();
+            bump(&slot.stats.idle_ns, woke.saturating_duration_since(slept).as_nanos() as u64);
+            self.rt.refresh_clock_after_idle(woke);
         }
         if poller.take().is_some() {
             slot.on_reactor.store(false, Ordering::Relaxed);
         }
-        if let super::idle::Unregister::WasNotified = idle.unregister(self.index) {
-            self.searching.set(true);
+        match idle.unregister(self.index) {
+            super::idle::Unregister::WasNotified => self.searching.set(true),
+            // Work seen on the re-check is looked for as a searcher, so that taking it from the
+            // injector wakes the next carrier (step 3) as stealing it would: otherwise a second
+            // fiber pushed while we counted as searching waits behind the first (found by the
+            // loom model of the idle protocol, `arch/loom.md`, finding 3).
+            super::idle::Unregister::Removed if visible => self.searching.set(idle.try_search()),
+            super::idle::Unregister::Removed => {}
         }
         self.rt.supervisor_wake();
     }
@@ -644,7 +724,8 @@ impl Carrier {
         }
         self.last_poll.set(now);
         if let Some(mut p) = self.rt.reactor.try_poller() {
-            self.rt.reactor.poll(&mut p, Some(Duration::ZERO));
+            let n = self.rt.reactor.poll(&mut p, Some(Duration::ZERO));
+            bump(&self.rt.slots[self.index].stats.io_wakeups, n as u64);
         }
     }
 

@@ -65,3 +65,69 @@ impl Injector {
         self.shards.iter().all(|s| s.is_empty())
     }
 }
+
+#[cfg(all(test, loom))]
+mod loom_tests {
+    //! A push to any shard followed by `notify` is never missed by a carrier that registers as
+    //! a sleeper and then checks every shard. Loom cannot instrument crossbeam's `Injector`, so
+    //! each shard is a loom `Mutex<VecDeque>` with the real shard count, mask and scan order;
+    //! the carriers and the real `Idle` are the idle model's (`idle::loom_tests`). The lock
+    //! orders a push and a re-check more strongly than crossbeam's SeqCst tail CAS and loads
+    //! do; `arch/loom.md` says why the protocol holds for those too.
+    use std::collections::VecDeque;
+
+    use super::super::idle::loom_tests::{Queues, check};
+    use crate::sync::loom::Mutex;
+
+    /// The injector's shape: `Injector::new`'s shard count, `push`'s mask, `steal_into`'s
+    /// scan from the carrier's own shard, `is_empty` over all shards.
+    struct Shards {
+        shards: Box<[Mutex<VecDeque<u32>>]>,
+        mask: usize,
+    }
+
+    impl Shards {
+        fn new(carriers: usize) -> Shards {
+            let n = (carriers * 2).next_power_of_two().max(2);
+            Shards { shards: (0..n).map(|_| Mutex::new(VecDeque::new())).collect(), mask: n - 1 }
+        }
+
+        fn push(&self, shard: usize, f: u32) {
+            self.shards[shard & self.mask].lock().unwrap().push_back(f);
+        }
+    }
+
+    impl Queues for Shards {
+        fn take_unsearched(&self, me: usize) -> bool {
+            (0..self.shards.len())
+                .any(|k| self.shards[(me + k) & self.mask].lock().unwrap().pop_front().is_some())
+        }
+
+        fn steal(&self, _me: usize) -> bool {
+            false
+        }
+
+        fn visible(&self, _me: usize, _can_search: &dyn Fn() -> bool) -> bool {
+            !self.shards.iter().all(|s| s.lock().unwrap().is_empty())
+        }
+    }
+
+    /// Plain threads schedule two fibers (`schedule_remote`: push to the thread's shard, then
+    /// `notify`) into the shards that carrier 0 scans last and next to last; each of the two
+    /// sleeping carriers must take one.
+    #[test]
+    fn loom_injector_push_to_any_shard_wakes_a_carrier() {
+        check(
+            2,
+            2,
+            2,
+            || Shards::new(2),
+            |m| {
+                for (f, shard) in [(1, 3), (2, 2)] {
+                    m.queues.push(shard, f);
+                    m.notify();
+                }
+            },
+        );
+    }
+}

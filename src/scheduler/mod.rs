@@ -10,7 +10,7 @@ pub(crate) mod carrier;
 mod idle;
 mod injector;
 pub(crate) mod locations;
-mod registry;
+pub(crate) mod roots;
 pub(crate) mod supervisor;
 
 use std::collections::VecDeque;
@@ -33,7 +33,7 @@ use crate::time::TimerHeap;
 
 pub(crate) use idle::Idle;
 pub(crate) use injector::Injector;
-pub(crate) use registry::Registry;
+pub(crate) use roots::Roots;
 
 /// Aligns a value to its own cache line pair (the adjacent-line prefetcher pulls lines in
 /// pairs), so per-carrier state is never falsely shared.
@@ -93,6 +93,59 @@ pub(crate) struct CarrierSlot {
     pub(crate) locations: locations::LocationMap,
     /// A spare carrier parked until compensation needs it again.
     pub(crate) retired: AtomicBool,
+    /// Scheduling counters, written by this carrier alone (summed by `Runtime::metrics`).
+    pub(crate) stats: Stats,
+}
+
+/// One carrier's counters. Single writer (the carrier), so a bump is a load and a store, not a
+/// locked instruction; readers sum them with relaxed loads and never disturb the carrier.
+#[derive(Default)]
+pub(crate) struct Stats {
+    pub(crate) spawned: AtomicU64,
+    pub(crate) finished: AtomicU64,
+    pub(crate) parks: AtomicU64,
+    pub(crate) unparks: AtomicU64,
+    pub(crate) steals: AtomicU64,
+    pub(crate) injector_pushes: AtomicU64,
+    pub(crate) injector_pops: AtomicU64,
+    pub(crate) timer_wakeups: AtomicU64,
+    pub(crate) io_wakeups: AtomicU64,
+    pub(crate) idle_ns: AtomicU64,
+    pub(crate) stack_hits: AtomicU64,
+    pub(crate) stack_misses: AtomicU64,
+}
+
+/// Adds `n` to a single-writer counter.
+#[inline]
+pub(crate) fn bump(c: &AtomicU64, n: u64) {
+    c.store(c.load(Ordering::Relaxed).wrapping_add(n), Ordering::Relaxed);
+}
+
+/// Counters of work that came from outside the carriers (plain threads, the runtime's drop):
+/// rare paths, so shared atomics are fine here.
+#[derive(Default)]
+pub(crate) struct RemoteStats {
+    pub(crate) spawned: AtomicU64,
+    pub(crate) finished: AtomicU64,
+    pub(crate) unparks: AtomicU64,
+    pub(crate) injector_pushes: AtomicU64,
+}
+
+/// The runtime's coarse clock for dumps: nanoseconds since the epoch, refreshed by the
+/// supervisor every interval and by a carrier when it wakes, so stamping a fiber's state costs
+/// one load of a line that is written ~100 times a second, not a clock read.
+pub(crate) struct Clock {
+    ns: AtomicU64,
+    /// `config.fiber_roots`, beside the clock so a stamp reads one line.
+    pub(crate) on: bool,
+}
+
+impl Clock {
+    /// The clock when roots are on, else 0 (callers skip the store then).
+    #[inline]
+    pub(crate) fn stamp(&self) -> Option<u64> {
+        self.on.then(|| self.ns.load(Ordering::Relaxed))
+    }
 }
 
 /// State shared by a runtime's carriers and by everyone who schedules onto it.
@@ -103,7 +156,9 @@ pub(crate) struct Shared {
     pub(crate) slots: Box<[CachePadded<CarrierSlot>]>,
     pub(crate) injector: Injector,
     pub(crate) idle: Idle,
-    pub(crate) registry: Registry,
+    pub(crate) roots: Roots,
+    pub(crate) clock: CachePadded<Clock>,
+    pub(crate) remote: CachePadded<RemoteStats>,
     pub(crate) shutdown: AtomicBool,
     pub(crate) epoch: Instant,
     pub(crate) stacks: &'static SizeClass,
@@ -143,11 +198,9 @@ pub(crate) const RECORD_CACHE: usize = 256;
 
 impl Drop for Shared {
     fn drop(&mut self) {
-        for r in self.records.get_mut().unwrap_or_else(|e| e.into_inner()).drain(..) {
-            // SAFETY: pooled records are unused and were allocated by `FiberRecord::blank`
-            // (a leaked `Box`); the pool owned them.
-            drop(unsafe { Box::from_raw(r.0.as_ptr()) });
-        }
+        // The roots own every record; the pools only point into them.
+        self.records.get_mut().unwrap_or_else(|e| e.into_inner()).clear();
+        self.roots.free_all();
     }
 }
 
@@ -179,12 +232,15 @@ impl Shared {
                         tid: AtomicI32::new(0),
                         locations: locations::LocationMap::default(),
                         retired: AtomicBool::new(false),
+                        stats: Stats::default(),
                     })
                 })
                 .collect(),
             injector: Injector::new(n),
             idle: Idle::new(n),
-            registry: Registry::new(config.max_carriers),
+            roots: Roots::new(config.max_carriers),
+            clock: CachePadded(Clock { ns: AtomicU64::new(0), on: config.fiber_roots }),
+            remote: CachePadded(RemoteStats::default()),
             shutdown: AtomicBool::new(false),
             epoch: Instant::now(),
             stacks,
@@ -214,8 +270,11 @@ impl Shared {
 
     /// Starts the carrier thread of slot `i` (its deque waits in `unstarted`).
     pub(crate) fn start_carrier(&self, i: usize, core: Option<core_affinity::CoreId>) -> std::io::Result<()> {
-        let worker =
-            self.unstarted.lock().unwrap_or_else(|e| e.into_inner())[i].take().expect("slot not started");
+        let Some(worker) = self.unstarted.lock().unwrap_or_else(|e| e.into_inner())[i].take() else {
+            // Another thread compensating at the same time started this slot first: the
+            // caller's loop sees the new carrier in `active` and stops.
+            return Ok(());
+        };
         // SAFETY: the caller holds a reference to this runtime (we are inside it), so the count
         // is positive and the new reference is sound.
         let rt = unsafe { RuntimeRef::from_shared(self) };
@@ -281,6 +340,11 @@ impl Shared {
     /// A spare carrier with nothing to do while enough others run: retire it (park it as a
     /// spare) unless that would leave fewer than `target` unblocked carriers.
     pub(crate) fn try_retire(&self, i: usize) -> bool {
+        let mut spares = self.spares.lock().unwrap_or_else(|e| e.into_inner());
+        // Fibers in its inbox are pinned to it: they may run nowhere else (see `revive`).
+        if self.slots[i].inbox_len.load(Ordering::SeqCst) > 0 {
+            return false;
+        }
         let mut active = self.active.load(Ordering::Acquire);
         loop {
             let blocked = self.blocked.load(Ordering::Acquire);
@@ -293,7 +357,7 @@ impl Shared {
             }
         }
         self.slots[i].retired.store(true, Ordering::Release);
-        self.spares.lock().unwrap_or_else(|e| e.into_inner()).push(i);
+        spares.push(i);
         true
     }
 
@@ -327,7 +391,7 @@ impl Shared {
     pub(crate) fn alloc_record(&self) -> NonNull<FiberRecord> {
         match self.records.lock().unwrap_or_else(|e| e.into_inner()).pop() {
             Some(r) => r.0,
-            None => FiberRecord::blank(self.stacks),
+            None => self.roots.alloc(self.roots.outside(), self.stacks),
         }
     }
 
@@ -349,13 +413,39 @@ impl Shared {
         t.saturating_duration_since(self.epoch).as_nanos().min(u64::MAX as u128 - 1) as u64
     }
 
+    /// Refreshes the coarse clock (never moving it back).
+    pub(crate) fn tick_clock(&self) {
+        if self.clock.on {
+            self.clock.ns.fetch_max(self.ns_since_epoch(Instant::now()), Ordering::Relaxed);
+        }
+    }
+
+    /// A carrier woke from idle: if the supervisor slept too, the coarse clock is stale; bring
+    /// it forward. Only then: carriers writing the clock line at every wake made it bounce
+    /// between them and cost W1 ~20% (measured, `arch/diagnostics.md`).
+    pub(crate) fn refresh_clock_after_idle(&self, now: Instant) {
+        if !self.clock.on {
+            return;
+        }
+        let now = self.ns_since_epoch(now);
+        let stale = 2 * self.config.supervisor_interval.as_nanos() as u64;
+        if self.clock.ns.load(Ordering::Relaxed).saturating_add(stale) < now {
+            self.clock.ns.fetch_max(now, Ordering::Relaxed);
+        }
+    }
+
     /// Makes a fiber runnable from a thread that is not one of this runtime's carriers.
     pub(crate) fn schedule_remote(&self, f: FiberRef) {
+        if self.clock.on {
+            self.tick_clock();
+            f.since.store(self.clock.ns.load(Ordering::Relaxed), Ordering::Relaxed);
+        }
         let home = f.home.load(Ordering::Relaxed);
         if home != NO_HOME {
             self.push_inbox(home, f);
             return;
         }
+        self.remote.injector_pushes.fetch_add(1, Ordering::Relaxed);
         let shard = context::with_plain(|p| {
             if p.shard == usize::MAX {
                 // Spread plain threads over the shards by their thread id's hash.
@@ -375,9 +465,26 @@ impl Shared {
             q.push_back(f);
             slot.inbox_len.store(q.len(), Ordering::SeqCst);
         }
+        if index >= self.target && self.revive(index) {
+            return;
+        }
         if self.idle.notify_carrier(index) {
             self.unpark_carrier(index);
         }
+    }
+
+    /// Brings back a retired spare carrier that has work only it may run (a fiber pinned to it
+    /// woke). Under the `spares` lock, which orders it with `try_retire`'s inbox check: either
+    /// this finds the spare retired, or the spare sees the work and does not retire.
+    fn revive(&self, i: usize) -> bool {
+        let mut spares = self.spares.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(pos) = spares.iter().position(|&s| s == i) else { return false };
+        spares.swap_remove(pos);
+        self.active.fetch_add(1, Ordering::AcqRel);
+        self.slots[i].retired.store(false, Ordering::Release);
+        drop(spares);
+        self.unpark_carrier(i);
+        true
     }
 
     /// Wakes one sleeping carrier if work was made visible and nobody is looking for it.
@@ -543,5 +650,8 @@ pub(crate) fn schedule(f: FiberRef, wake: Wake) {
         }
     }
     let rt = f.runtime().clone();
+    if wake == Wake::Unpark {
+        rt.remote.unparks.fetch_add(1, Ordering::Relaxed);
+    }
     rt.schedule_remote(f);
 }

@@ -11,7 +11,7 @@
 //! once, with no detection delay. With every carrier asleep, the supervisor sleeps too.
 //! See `arch/supervisor.md`.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::panic::Location;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
@@ -51,12 +51,15 @@ pub(crate) fn run(rt: RuntimeRef) {
     let mut watch: Vec<Watch> = Vec::new();
     let mut totals: HashMap<usize, Known> = HashMap::new();
     let mut tick: u64 = 0;
+    let mut starving: HashSet<usize> = HashSet::new();
+    let mut quiet = Quiet::default();
     while !rt.shutdown.load(Ordering::Acquire) {
+        rt.tick_clock();
         let started = rt.started();
         watch.resize(started, Watch::default());
         let mut running = 0;
         for (i, w) in watch.iter_mut().enumerate() {
-            if sample(&rt, i, w) {
+            if sample(&rt, i, w, &mut starving) {
                 running += 1;
             }
         }
@@ -66,7 +69,7 @@ pub(crate) fn run(rt: RuntimeRef) {
             rt.shrink();
         }
         if running == 0 && watch.iter().all(|w| !w.blocked) {
-            sleep_until_work(&rt, every);
+            sleep_until_work(&rt, every, &mut quiet);
         } else {
             std::thread::park_timeout(every);
         }
@@ -74,7 +77,7 @@ pub(crate) fn run(rt: RuntimeRef) {
 }
 
 /// Looks at carrier `i` once. Returns whether it is running a fiber.
-fn sample(rt: &Shared, i: usize, w: &mut Watch) -> bool {
+fn sample(rt: &Shared, i: usize, w: &mut Watch, starving: &mut HashSet<usize>) -> bool {
     let slot = &rt.slots[i];
     let loc = slot.location.load(Ordering::Acquire);
     let progress = slot.progress.load(Ordering::Relaxed);
@@ -92,6 +95,15 @@ fn sample(rt: &Shared, i: usize, w: &mut Watch) -> bool {
     w.stalled += 1;
     if !w.blocked && w.stalled >= STALL_SAMPLES {
         let in_kernel = matches!(thread_state(slot.tid.load(Ordering::Relaxed)), Some(b'S' | b'D'));
+        if !in_kernel
+            && w.stalled >= CPU_STALL_SAMPLES
+            && rt.idle.sleeping_count() == 0
+            && starving.insert(loc as usize)
+        {
+            // Every carrier busy and this one held by one fiber for ~100 ms: the queued
+            // fibers starve unless the spare we are about to start takes them.
+            crate::diagnostics::warn_starvation(rt, i, rt.config.supervisor_interval * w.stalled);
+        }
         if in_kernel || w.stalled >= CPU_STALL_SAMPLES {
             w.blocked = true;
             rt.blocked.fetch_add(1, Ordering::AcqRel);
@@ -143,19 +155,47 @@ fn aggregate(rt: &Shared, totals: &mut HashMap<usize, Known>) {
     *rt.known.lock().unwrap_or_else(|e| e.into_inner()) = known;
 }
 
+/// What the deadlock check last looked at, so that an idle runtime is checked once per quiet
+/// episode, not once per quiet period (idle means idle, even with a million parked fibers).
+#[derive(Default)]
+struct Quiet {
+    checked: Option<(u64, usize)>,
+}
+
+/// Switches so far on every carrier, and plain-thread `vt` calls so far: if neither moved,
+/// nothing happened that could change the deadlock check's answer.
+fn activity(rt: &Shared) -> (u64, usize) {
+    let switches = rt.slots[..rt.started()].iter().map(|s| s.progress.load(Ordering::SeqCst)).sum();
+    (switches, crate::diagnostics::PLAIN_CALLS.load(Ordering::SeqCst))
+}
+
+fn all_idle(rt: &Shared) -> bool {
+    let started = rt.started();
+    !(rt.slots[..started].iter().any(|s| !s.location.load(Ordering::SeqCst).is_null())
+        || rt.idle.sleeping_count() < rt.active.load(Ordering::SeqCst))
+}
+
 /// Every carrier is idle: sleep until one wakes (it unparks us), with a long timeout as a
 /// safety net. The flag and the re-check pair with `Shared::supervisor_wake` (Dekker-style,
-/// SeqCst on both sides): either we see a running carrier, or it sees us sleeping.
-fn sleep_until_work(rt: &Shared, every: Duration) {
+/// SeqCst on both sides): either we see a running carrier, or it sees us sleeping. The first
+/// time in a quiet episode, wake after the deadlock report's quiet period and check.
+fn sleep_until_work(rt: &Shared, every: Duration, quiet: &mut Quiet) {
     rt.supervisor_sleeping.store(true, Ordering::SeqCst);
-    let started = rt.started();
-    let busy = rt.slots[..started].iter().any(|s| !s.location.load(Ordering::SeqCst).is_null())
-        || rt.idle.sleeping_count() < rt.active.load(Ordering::SeqCst);
-    if busy {
+    if !all_idle(rt) {
         // A carrier is searching or about to run something: sample again next tick.
         std::thread::park_timeout(every);
     } else if !rt.shutdown.load(Ordering::SeqCst) {
-        std::thread::park_timeout(every.max(Duration::from_secs(1)) * 100);
+        let before = activity(rt);
+        match rt.config.deadlock_report.filter(|_| rt.config.fiber_roots) {
+            Some(period) if quiet.checked != Some(before) => {
+                std::thread::park_timeout(period);
+                if !rt.shutdown.load(Ordering::SeqCst) && all_idle(rt) && activity(rt) == before {
+                    quiet.checked = Some(before);
+                    crate::diagnostics::check_deadlock(rt);
+                }
+            }
+            _ => std::thread::park_timeout(every.max(Duration::from_secs(1)) * 100),
+        }
     }
     rt.supervisor_sleeping.store(false, Ordering::SeqCst);
 }

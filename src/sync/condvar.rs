@@ -130,7 +130,13 @@ impl Condvar {
         self.queue.lock().unwrap_or_else(PoisonError::into_inner).push_back(waiter.clone());
         let mutex = guard.lock;
         drop(guard);
-        let timed_out = match waiter.wait(WaitReason::Condvar, deadline) {
+        let abandon = |outcome| match outcome {
+            None => self.queue.lock().unwrap_or_else(PoisonError::into_inner).remove(&waiter),
+            // A notification nobody will act on: hand it to the next waiter.
+            Some(Outcome::Woken(_) | Outcome::Granted(_)) => self.notify_one(),
+            Some(Outcome::TimedOut) => {}
+        };
+        let timed_out = match waiter.wait_or_abandon(WaitReason::Condvar, deadline, abandon) {
             Outcome::TimedOut => {
                 self.queue.lock().unwrap_or_else(PoisonError::into_inner).remove(&waiter);
                 true

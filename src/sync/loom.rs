@@ -1,5 +1,6 @@
 //! std ↔ loom switch for the atomics, inner locks, cells and the park seam used by `vt::sync`
-//! and `vt::channel` (STYLE habit 7).
+//! and `vt::channel`, and for the atomics of the scheduler's idle protocol and the fiber's state
+//! and join words (STYLE habit 7; what each model covers: `arch/loom.md`).
 //!
 //! Under `cfg(loom)` every atomic, inner lock and `Arc` of the wait protocol is loom's, and the
 //! runtime's park/unpark is replaced by loom threads' park/unpark: loom cannot switch corosensei
@@ -27,21 +28,10 @@ mod imp {
     use std::time::Instant;
 
     pub(crate) use crate::{Fiber, current};
-    pub(crate) use std::sync::atomic::{AtomicBool, AtomicU8, AtomicUsize, Ordering};
+    pub(crate) use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU32, AtomicUsize, Ordering, fence};
     pub(crate) use std::sync::{Arc, Mutex, MutexGuard};
 
-    /// Parks the caller until an unpark (possibly an earlier one) or a spurious wake-up.
-    pub(crate) fn park() {
-        crate::park();
-    }
-
-    /// Parks the caller until an unpark, a spurious wake-up or `deadline`.
-    pub(crate) fn park_until(deadline: Instant) {
-        let now = Instant::now();
-        if deadline > now {
-            crate::park_timeout(deadline - now);
-        }
-    }
+    // Parking goes through `wait_list::park`, which records the wait reason for dumps.
 
     /// Whether `deadline` has passed.
     pub(crate) fn expired(deadline: Instant) -> bool {
@@ -69,7 +59,7 @@ mod imp {
     use std::time::Instant;
 
     pub(crate) use loom::cell::UnsafeCell;
-    pub(crate) use loom::sync::atomic::{AtomicBool, AtomicU8, AtomicUsize, Ordering};
+    pub(crate) use loom::sync::atomic::{AtomicBool, AtomicU8, AtomicU32, AtomicUsize, Ordering, fence};
     pub(crate) use loom::sync::{Arc, Mutex, MutexGuard};
     pub(crate) use loom::thread::{Thread as Fiber, current, park};
 

@@ -197,7 +197,7 @@ impl<T: ?Sized> Mutex<T> {
                     queue.push_back(entry);
                 }
             }
-            match waiter.wait(WaitReason::Mutex, None) {
+            match waiter.wait_or_abandon(WaitReason::Mutex, None, |outcome| self.abandon(&waiter, outcome)) {
                 // The unlocker kept LOCKED set and handed it over; its Release on the waiter's
                 // state, seen by `wait`'s Acquire, orders the previous holder's writes.
                 Outcome::Granted(_) => return,
@@ -239,24 +239,63 @@ impl<T: ?Sized> Mutex<T> {
         let next = {
             let mut queue = self.queue.lock().unwrap_or_else(PoisonError::into_inner);
             // State is LOCKED | QUEUED and stays so while we hold `queue`: only we clear LOCKED,
-            // and QUEUED changes only under `queue`. So plain stores are exact.
+            // and QUEUED changes only under `queue`. So plain stores are exact, and storing
+            // after the transition is safe: the waiter needs `queue` to go on either way.
             debug_assert_eq!(self.state.load(Ordering::Relaxed), LOCKED | QUEUED);
-            let next = queue.pop_front().expect("QUEUED set with an empty queue");
-            let rest = if queue.is_empty() { 0 } else { QUEUED };
-            if next.handoff {
-                // Ownership passes with the grant: LOCKED stays set.
-                self.state.store(LOCKED | rest, Ordering::Relaxed);
-                let granted = next.waiter.grant(0);
-                debug_assert!(granted, "a mutex waiter never cancels");
-            } else {
-                // Release pairs with the Acquire of whoever locks next (barger or `next`).
-                self.state.store(rest, Ordering::Release);
-                let woken = next.waiter.wake(0);
-                debug_assert!(woken, "a mutex waiter never cancels");
+            loop {
+                let Some(next) = queue.pop_front() else {
+                    // Every entry was abandoned (see `abandon`): the lock is simply free.
+                    self.state.store(0, Ordering::Release);
+                    break None;
+                };
+                let rest = if queue.is_empty() { 0 } else { QUEUED };
+                if next.handoff {
+                    // Ownership passes with the grant: LOCKED stays set.
+                    if next.waiter.grant(0) {
+                        self.state.store(LOCKED | rest, Ordering::Relaxed);
+                        break Some(next);
+                    }
+                } else if next.waiter.wake(0) {
+                    // Release pairs with the Acquire of whoever locks next (barger or `next`).
+                    self.state.store(rest, Ordering::Release);
+                    break Some(next);
+                }
+                // Cancelled: its fiber was unwound by a runtime's drop; try the next one.
             }
-            next
         };
-        next.waiter.unpark();
+        if let Some(next) = next {
+            next.waiter.unpark();
+        }
+    }
+
+    /// A wait in `lock_contended` abandoned by a runtime's drop (see `wait_or_abandon`).
+    fn abandon(&self, waiter: &Waiter, outcome: Option<Outcome>) {
+        match outcome {
+            None => {
+                let mut queue = self.queue.lock().unwrap_or_else(PoisonError::into_inner);
+                queue.remove(waiter);
+                if queue.is_empty() {
+                    // Read-modify-write: the holder may be unlocking on its fast path.
+                    self.state.fetch_and(!QUEUED, Ordering::Relaxed);
+                }
+            }
+            // Handed the lock: pass it on.
+            Some(Outcome::Granted(_)) => self.unlock(),
+            // Woken to retry after an unlock: retry once, so the next waiter gets woken by
+            // our unlock rather than by nobody.
+            Some(Outcome::Woken(_)) => {
+                let state = self.state.load(Ordering::Relaxed);
+                if state & LOCKED == 0
+                    && self
+                        .state
+                        .compare_exchange(state, state | LOCKED, Ordering::Acquire, Ordering::Relaxed)
+                        .is_ok()
+                {
+                    self.unlock();
+                }
+            }
+            Some(Outcome::TimedOut) => unreachable!("untimed wait"),
+        }
     }
 }
 

@@ -138,22 +138,33 @@ impl Semaphore {
             }
             queue.push_back(waiter.clone());
             drop(queue);
-            return match waiter.wait(WaitReason::Semaphore, deadline) {
+            let abandon = |outcome| match outcome {
+                None => self.remove_waiter(&waiter),
+                // Granted a permit nobody will use: give it back.
+                Some(Outcome::Granted(_)) => self.release(),
+                Some(_) => {}
+            };
+            return match waiter.wait_or_abandon(WaitReason::Semaphore, deadline, abandon) {
                 // `release` handed its permit over; its Release on the waiter's state is seen
                 // by `wait`'s Acquire.
                 Outcome::Granted(_) => true,
                 Outcome::TimedOut => {
-                    let mut queue = self.queue.lock().unwrap_or_else(PoisonError::into_inner);
-                    queue.remove(&waiter);
-                    if queue.is_empty() {
-                        // Read-modify-write: QUEUED may be clear already (a release emptied
-                        // the queue), and then fast paths run concurrently.
-                        self.state.fetch_and(!QUEUED, Ordering::Relaxed);
-                    }
+                    self.remove_waiter(&waiter);
                     false
                 }
                 Outcome::Woken(_) => unreachable!("semaphore waiters are only granted"),
             };
+        }
+    }
+
+    /// Takes a cancelled waiter out of the queue.
+    fn remove_waiter(&self, waiter: &Waiter) {
+        let mut queue = self.queue.lock().unwrap_or_else(PoisonError::into_inner);
+        queue.remove(waiter);
+        if queue.is_empty() {
+            // Read-modify-write: QUEUED may be clear already (a release emptied the queue),
+            // and then fast paths run concurrently.
+            self.state.fetch_and(!QUEUED, Ordering::Relaxed);
         }
     }
 

@@ -23,43 +23,23 @@ use std::time::Instant;
 
 use super::loom::{self, AtomicUsize, Fiber, Ordering};
 
-/// Why a fiber is parked; recorded by the runtime's dumps once the diagnostics issue lands.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub(crate) enum WaitReason {
-    /// `Mutex::lock`.
-    Mutex,
-    /// `RwLock::read`.
-    RwLockRead,
-    /// `RwLock::write`.
-    RwLockWrite,
-    /// `Condvar::wait*`.
-    Condvar,
-    /// `Semaphore::acquire*`.
-    Semaphore,
-    /// `Barrier::wait`.
-    Barrier,
-    /// `WaitGroup::wait`.
-    WaitGroup,
-    /// `OnceLock` waiting for another caller's initialiser.
-    Once,
-    /// A channel send waiting for room or for a receiver.
-    ChannelSend,
-    /// A channel receive waiting for a message.
-    ChannelRecv,
-    /// `select!` waiting on several channel operations.
-    Select,
-}
+pub(crate) use crate::diagnostics::WaitReason;
 
 /// Parks the calling fiber (or plain thread) until an unpark, a spurious wake-up or `deadline`.
 ///
 /// Every park of `vt::sync` and `vt::channel` goes through here, so that the reason can be
 /// recorded in one place. Callers loop on their own condition.
 pub(crate) fn park(reason: WaitReason, deadline: Option<Instant>) {
-    // The reason is the diagnostics issue's hook (Go's `gopark(reason)`); nothing reads it yet.
-    let _ = reason;
-    match deadline {
-        None => loom::park(),
-        Some(deadline) => loom::park_until(deadline),
+    // The fiber records the reason for dumps (Go's `gopark(reason)`).
+    #[cfg(not(loom))]
+    crate::fiber::park::park_for(reason, deadline);
+    #[cfg(loom)]
+    {
+        let _ = reason;
+        match deadline {
+            None => loom::park(),
+            Some(deadline) => loom::park_until(deadline),
+        }
     }
 }
 
@@ -164,6 +144,33 @@ impl Waiter {
     /// inner lock.
     pub(crate) fn unpark(&self) {
         self.fiber.unpark();
+    }
+
+    /// Like [`Waiter::wait`], for a wait that the runtime's drop may abandon: dropping a
+    /// runtime unwinds its parked fibers from inside their park. If that happens here,
+    /// `abandon` runs on the way out, with `None` if the waiter was still waiting (it is
+    /// cancelled now, so counterparts treat its entries as stale; the caller removes them),
+    /// or with the outcome another party decided first, whose grant or wake-up the caller
+    /// must hand on (a lock, a permit, a message, a notification): nobody else will use it.
+    /// `abandon` runs during unwinding, so it must not park or panic.
+    pub(crate) fn wait_or_abandon(
+        &self,
+        reason: WaitReason,
+        deadline: Option<Instant>,
+        abandon: impl FnOnce(Option<Outcome>),
+    ) -> Outcome {
+        struct OnUnwind<'a, F: FnOnce(Option<Outcome>)>(&'a Waiter, Option<F>);
+        impl<F: FnOnce(Option<Outcome>)> Drop for OnUnwind<'_, F> {
+            fn drop(&mut self) {
+                if let Some(abandon) = self.1.take() {
+                    abandon(self.0.cancel().err());
+                }
+            }
+        }
+        let mut guard = OnUnwind(self, Some(abandon));
+        let outcome = self.wait(reason, deadline);
+        guard.1 = None; // returned normally: nothing to hand on
+        outcome
     }
 
     /// Parks until another party wakes or grants this waiter, or until `deadline` passes and

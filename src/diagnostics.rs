@@ -1,0 +1,627 @@
+//! Fiber dumps, the deadlock report, the CPU-starvation warning and the SIGQUIT dump.
+//!
+//! The fiber roots are the runtime's record arena (`scheduler::roots`): every record the
+//! runtime ever allocated, live or pooled. A dump walks it and takes a counted reference to each
+//! record that describes a fiber now (`FiberRef::upgrade`), so spawning registers nothing and a
+//! finished fiber is out of the dump the moment its record is. What a dump says of a fiber comes
+//! from atomics the fiber and its carrier write anyway or cheaply (state word, wait reason,
+//! carrier, a coarse timestamp). See `arch/diagnostics.md`.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::panic::Location;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+use crate::fiber::{FiberRef, PARKED, RUNNABLE, RUNNING};
+use crate::scheduler::{RuntimeRef, Shared};
+
+/// What a parked fiber waits for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[non_exhaustive]
+#[repr(u8)]
+pub enum WaitReason {
+    /// [`park`](crate::park) or [`park_timeout`](crate::park_timeout), called directly.
+    Park = 1,
+    /// [`sleep`](crate::sleep) or [`sleep_until`](crate::sleep_until).
+    Sleep,
+    /// [`JoinHandle::join`](crate::JoinHandle::join) (also `block_on` from a fiber).
+    Join,
+    /// The end of a [`scope`](crate::scope), waiting for its fibers.
+    Scope,
+    /// [`sync::Mutex::lock`](crate::sync::Mutex::lock).
+    Mutex,
+    /// [`sync::RwLock::read`](crate::sync::RwLock::read).
+    RwLockRead,
+    /// [`sync::RwLock::write`](crate::sync::RwLock::write).
+    RwLockWrite,
+    /// [`sync::Condvar`](crate::sync::Condvar)'s waits.
+    Condvar,
+    /// [`sync::Semaphore`](crate::sync::Semaphore)'s acquires.
+    Semaphore,
+    /// [`sync::Barrier::wait`](crate::sync::Barrier::wait).
+    Barrier,
+    /// [`sync::WaitGroup::wait`](crate::sync::WaitGroup::wait).
+    WaitGroup,
+    /// [`sync::OnceLock`](crate::sync::OnceLock), waiting for another caller's initialiser.
+    Once,
+    /// A channel send waiting for room or for a receiver.
+    ChannelSend,
+    /// A channel receive waiting for a message.
+    ChannelRecv,
+    /// [`select!`](crate::select) waiting on several channel operations.
+    Select,
+    /// A socket read or accept (`vt::net`) waiting for readiness.
+    NetRead,
+    /// A socket write or connect (`vt::net`) waiting for readiness.
+    NetWrite,
+    /// A [`ThreadPool`](crate::ThreadPool) job waiting for a free slot.
+    PoolSlot,
+    /// [`ThreadPool::join`](crate::ThreadPool::join) or the end of a pool scope.
+    PoolJoin,
+}
+
+const REASONS: [WaitReason; 19] = [
+    WaitReason::Park,
+    WaitReason::Sleep,
+    WaitReason::Join,
+    WaitReason::Scope,
+    WaitReason::Mutex,
+    WaitReason::RwLockRead,
+    WaitReason::RwLockWrite,
+    WaitReason::Condvar,
+    WaitReason::Semaphore,
+    WaitReason::Barrier,
+    WaitReason::WaitGroup,
+    WaitReason::Once,
+    WaitReason::ChannelSend,
+    WaitReason::ChannelRecv,
+    WaitReason::Select,
+    WaitReason::NetRead,
+    WaitReason::NetWrite,
+    WaitReason::PoolSlot,
+    WaitReason::PoolJoin,
+];
+
+/// In a record's `wait` byte: the park has a deadline (a timer will wake it).
+pub(crate) const WAIT_TIMED: u8 = 0x80;
+
+impl WaitReason {
+    pub(crate) fn code(self) -> u8 {
+        self as u8
+    }
+
+    fn from_code(code: u8) -> WaitReason {
+        let i = (code & !WAIT_TIMED) as usize;
+        // 0 (never parked through a reason) reads as a plain park.
+        REASONS.get(i.wrapping_sub(1)).copied().unwrap_or(WaitReason::Park)
+    }
+
+    /// Whether only a finishing fiber can end this wait (a plain thread waiting so is not a
+    /// potential waker for the deadlock report).
+    pub(crate) fn waits_for_fibers(self) -> bool {
+        matches!(self, WaitReason::Join | WaitReason::PoolJoin | WaitReason::Scope)
+    }
+
+    /// Whether something outside the runtime's view (a peer on the network) can end this wait.
+    fn is_io(self) -> bool {
+        matches!(self, WaitReason::NetRead | WaitReason::NetWrite)
+    }
+}
+
+impl fmt::Display for WaitReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            WaitReason::Park => "park()",
+            WaitReason::Sleep => "sleep",
+            WaitReason::Join => "join of a fiber",
+            WaitReason::Scope => "the fibers of a scope",
+            WaitReason::Mutex => "Mutex::lock",
+            WaitReason::RwLockRead => "RwLock::read",
+            WaitReason::RwLockWrite => "RwLock::write",
+            WaitReason::Condvar => "Condvar::wait",
+            WaitReason::Semaphore => "Semaphore::acquire",
+            WaitReason::Barrier => "Barrier::wait",
+            WaitReason::WaitGroup => "WaitGroup::wait",
+            WaitReason::Once => "OnceLock initialisation",
+            WaitReason::ChannelSend => "channel send",
+            WaitReason::ChannelRecv => "channel receive",
+            WaitReason::Select => "select!",
+            WaitReason::NetRead => "socket read",
+            WaitReason::NetWrite => "socket write",
+            WaitReason::PoolSlot => "a ThreadPool slot",
+            WaitReason::PoolJoin => "ThreadPool jobs to finish",
+        })
+    }
+}
+
+/// What a fiber was doing when the dump saw it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum FiberState {
+    /// Running on carrier `carrier`.
+    Running {
+        /// The carrier's index.
+        carrier: usize,
+    },
+    /// Running on carrier `carrier`, inside a [`blocking`](crate::blocking) section (or a
+    /// fiber from a location the supervisor knows blocks) that started at `at`.
+    Blocking {
+        /// The carrier's index.
+        carrier: usize,
+        /// Where the blocking section was entered (or the fiber's spawn site).
+        at: &'static Location<'static>,
+    },
+    /// Queued, waiting for a carrier.
+    Runnable,
+    /// Parked until something wakes it.
+    Parked {
+        /// What it waits for.
+        reason: WaitReason,
+        /// A deadline will wake it if nothing else does (a sleep, a `*_timeout` call).
+        timed: bool,
+    },
+}
+
+impl fmt::Display for FiberState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            FiberState::Running { carrier } => write!(f, "running on carrier {carrier}"),
+            FiberState::Blocking { carrier, at } => {
+                write!(f, "blocking carrier {carrier} in a blocking section at {at}")
+            }
+            FiberState::Runnable => f.write_str("runnable"),
+            FiberState::Parked { reason, timed: false } => write!(f, "parked on {reason}"),
+            FiberState::Parked { reason, timed: true } => write!(f, "parked on {reason} (with a deadline)"),
+        }
+    }
+}
+
+/// One live fiber in a [`FiberDump`].
+#[derive(Clone, Debug)]
+#[non_exhaustive]
+pub struct FiberInfo {
+    /// The fiber's id.
+    pub id: crate::FiberId,
+    /// Its name, if it was given one.
+    pub name: Option<String>,
+    /// What it was doing.
+    pub state: FiberState,
+    /// Where it was spawned.
+    pub spawned_at: &'static Location<'static>,
+    /// How long it has been in `state`, at the resolution of the runtime's coarse clock (the
+    /// supervisor interval).
+    pub for_: Duration,
+}
+
+/// Every live fiber of a runtime at one moment: [`Runtime::dump`](crate::Runtime::dump).
+///
+/// `Display` prints one line per group of fibers sharing a state and a spawn location, with a
+/// count, so 100,000 fibers parked at the same place read as one line; the alternate form
+/// (`{:#}`) lists every fiber's id under its group. Fibers are seen one at a time while the
+/// runtime runs, so a dump of a busy runtime is not an atomic snapshot.
+#[derive(Clone, Debug)]
+pub struct FiberDump {
+    fibers: Vec<FiberInfo>,
+    carriers: usize,
+    roots: bool,
+}
+
+impl FiberDump {
+    /// The fibers, in no particular order.
+    pub fn fibers(&self) -> &[FiberInfo] {
+        &self.fibers
+    }
+
+    /// How many live fibers the dump holds.
+    pub fn len(&self) -> usize {
+        self.fibers.len()
+    }
+
+    /// Whether the dump holds no fiber.
+    pub fn is_empty(&self) -> bool {
+        self.fibers.is_empty()
+    }
+
+    /// Fibers grouped by state (carrier and deadline aside) and spawn location, largest group
+    /// first.
+    pub fn groups(&self) -> Vec<FiberGroup<'_>> {
+        let mut map: HashMap<(GroupState, usize), Vec<&FiberInfo>> = HashMap::new();
+        for f in &self.fibers {
+            map.entry((GroupState::of(f.state), f.spawned_at as *const _ as usize)).or_default().push(f);
+        }
+        let mut groups: Vec<FiberGroup<'_>> = map
+            .into_values()
+            .map(|mut fibers| {
+                fibers.sort_by_key(|f| f.id);
+                FiberGroup { fibers }
+            })
+            .collect();
+        groups.sort_by(|a, b| {
+            b.fibers.len().cmp(&a.fibers.len()).then_with(|| a.fibers[0].id.cmp(&b.fibers[0].id))
+        });
+        groups
+    }
+}
+
+/// The part of a state that groups fibers: carriers and deadlines vary inside a group.
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+enum GroupState {
+    Running,
+    Blocking(usize),
+    Runnable,
+    Parked(WaitReason),
+}
+
+impl GroupState {
+    fn of(s: FiberState) -> GroupState {
+        match s {
+            FiberState::Running { .. } => GroupState::Running,
+            FiberState::Blocking { at, .. } => GroupState::Blocking(at as *const _ as usize),
+            FiberState::Runnable => GroupState::Runnable,
+            FiberState::Parked { reason, .. } => GroupState::Parked(reason),
+        }
+    }
+}
+
+/// Fibers of a [`FiberDump`] that share a state and a spawn location.
+#[derive(Clone, Debug)]
+pub struct FiberGroup<'a> {
+    fibers: Vec<&'a FiberInfo>,
+}
+
+impl<'a> FiberGroup<'a> {
+    /// The fibers of the group, by id.
+    pub fn fibers(&self) -> &[&'a FiberInfo] {
+        &self.fibers
+    }
+
+    /// How many fibers the group holds.
+    pub fn len(&self) -> usize {
+        self.fibers.len()
+    }
+
+    /// Always false: a group has at least one fiber.
+    pub fn is_empty(&self) -> bool {
+        self.fibers.is_empty()
+    }
+
+    /// The state the group's fibers share (the first fiber's, for carrier and deadline).
+    pub fn state(&self) -> FiberState {
+        self.fibers[0].state
+    }
+
+    /// Where the group's fibers were spawned.
+    pub fn spawned_at(&self) -> &'static Location<'static> {
+        self.fibers[0].spawned_at
+    }
+}
+
+/// Fibers named on a group's line in the compact form.
+const NAMED_PER_GROUP: usize = 3;
+
+impl fmt::Display for FiberGroup<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let n = self.fibers.len();
+        let state = match self.state() {
+            // The carrier differs between members: name it per fiber instead.
+            FiberState::Running { .. } if n > 1 => "running".to_string(),
+            s => s.to_string(),
+        };
+        let (lo, hi) = self
+            .fibers
+            .iter()
+            .fold((Duration::MAX, Duration::ZERO), |(lo, hi), x| (lo.min(x.for_), hi.max(x.for_)));
+        let age =
+            if lo == hi { format!("for {}", Age(lo)) } else { format!("for {}–{}", Age(lo), Age(hi)) };
+        let noun = if n == 1 { "fiber" } else { "fibers" };
+        write!(f, "{n} {noun} {state}, spawned at {}, {age}:", self.spawned_at())?;
+        let shown = if f.alternate() { n } else { n.min(NAMED_PER_GROUP) };
+        for (k, x) in self.fibers[..shown].iter().enumerate() {
+            write!(f, "{} fiber {}", if k == 0 { "" } else { "," }, x.id)?;
+            if let Some(name) = &x.name {
+                write!(f, " {name:?}")?;
+            }
+            if let (FiberState::Running { carrier }, true) = (x.state, n > 1) {
+                write!(f, " (carrier {carrier})")?;
+            }
+        }
+        if shown < n {
+            write!(f, " and {} more", n - shown)?;
+        }
+        Ok(())
+    }
+}
+
+impl fmt::Display for FiberDump {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if !self.roots {
+            return writeln!(
+                f,
+                "fiber dump unavailable: this runtime was built with fiber_roots(false) \
+                 (runtime::Builder::fiber_roots(true) enables it)"
+            );
+        }
+        let count = |p: fn(&FiberState) -> bool| self.fibers.iter().filter(|x| p(&x.state)).count();
+        writeln!(
+            f,
+            "fiber dump: {} live fibers ({} running, {} blocking, {} runnable, {} parked) on {} carriers",
+            self.fibers.len(),
+            count(|s| matches!(s, FiberState::Running { .. })),
+            count(|s| matches!(s, FiberState::Blocking { .. })),
+            count(|s| matches!(s, FiberState::Runnable)),
+            count(|s| matches!(s, FiberState::Parked { .. })),
+            self.carriers,
+        )?;
+        for g in self.groups() {
+            if f.alternate() {
+                writeln!(f, "  {g:#}")?;
+            } else {
+                writeln!(f, "  {g}")?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A duration as a person reads it in a report.
+struct Age(Duration);
+
+impl fmt::Display for Age {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let d = self.0;
+        if d < Duration::from_millis(1) {
+            write!(f, "<1 ms")
+        } else if d < Duration::from_secs(10) {
+            write!(f, "{} ms", d.as_millis())
+        } else if d < Duration::from_secs(600) {
+            write!(f, "{} s", d.as_secs())
+        } else {
+            write!(f, "{} min", d.as_secs() / 60)
+        }
+    }
+}
+
+/// Walks the runtime's fiber roots. Safe from any thread, a fiber included; costs the carriers
+/// one reference-count increment per live fiber.
+pub(crate) fn collect(rt: &Shared) -> FiberDump {
+    let roots = rt.config.fiber_roots;
+    let mut fibers = Vec::new();
+    if roots {
+        let now = rt.ns_since_epoch(Instant::now());
+        rt.roots.for_each_live(|f| {
+            if let Some(info) = describe(rt, &f, now) {
+                fibers.push(info);
+            }
+        });
+    }
+    FiberDump { fibers, carriers: rt.active.load(Ordering::Relaxed), roots }
+}
+
+fn describe(rt: &Shared, f: &FiberRef, now: u64) -> Option<FiberInfo> {
+    let state = match f.state() {
+        RUNNING => {
+            let carrier = f.carrier.load(Ordering::Relaxed) as usize;
+            match rt.slots.get(carrier) {
+                Some(slot) if slot.in_blocking.load(Ordering::Acquire) => {
+                    let at = slot.location.load(Ordering::Acquire);
+                    if at.is_null() {
+                        FiberState::Running { carrier }
+                    } else {
+                        // SAFETY: `location` only ever holds `&'static Location` pointers.
+                        FiberState::Blocking { carrier, at: unsafe { &*at } }
+                    }
+                }
+                _ => FiberState::Running { carrier },
+            }
+        }
+        RUNNABLE => FiberState::Runnable,
+        PARKED => {
+            let w = f.wait.load(Ordering::Relaxed);
+            FiberState::Parked { reason: WaitReason::from_code(w), timed: w & WAIT_TIMED != 0 }
+        }
+        _ => return None, // finished: its handle keeps the record, not the fiber
+    };
+    let since = f.since.load(Ordering::Relaxed);
+    Some(FiberInfo {
+        id: f.id(),
+        name: f.name().map(str::to_owned),
+        state,
+        spawned_at: f.spawned_at(),
+        for_: Duration::from_nanos(now.saturating_sub(since)),
+    })
+}
+
+/// Plain (non-carrier) threads inside a `vt` call that may wake a fiber when it returns (a
+/// `vt::sync` wait, `vt::sleep`, ...), process-wide. Waiting in `join`/`block_on` is not
+/// counted: such a thread only wakes up when a fiber finishes. While it is non-zero no runtime
+/// reports a deadlock.
+pub(crate) static PLAIN_IN_VT: AtomicUsize = AtomicUsize::new(0);
+
+/// Counts a plain thread inside a `vt` call for as long as it lives.
+pub(crate) struct PlainCall(());
+
+impl PlainCall {
+    pub(crate) fn enter() -> PlainCall {
+        PLAIN_IN_VT.fetch_add(1, Ordering::SeqCst);
+        PlainCall(())
+    }
+}
+
+impl Drop for PlainCall {
+    fn drop(&mut self) {
+        PLAIN_CALLS.fetch_add(1, Ordering::SeqCst);
+        PLAIN_IN_VT.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// Plain-thread `vt` calls that ended, process-wide: the deadlock check runs again after one.
+pub(crate) static PLAIN_CALLS: AtomicUsize = AtomicUsize::new(0);
+
+/// The supervisor found every carrier idle for the quiet period: decide whether nothing the
+/// runtime knows of can wake any fiber, and report once if so. Returns whether it reported.
+///
+/// What can wake a parked fiber, and how each is ruled out:
+/// - a carrier running or a fiber runnable: every carrier idle, every queue empty, no
+///   switch during the quiet period (the caller checked progress);
+/// - a timer: every timer heap empty (sleeps and timed waits arm one);
+/// - I/O: no fiber parked on a socket (a peer may still write to it);
+/// - a carrier blocked in the OS: none counted as blocked;
+/// - a plain thread inside a `vt` call: `PLAIN_IN_VT` is zero.
+///
+/// What cannot be known: a plain thread outside any `vt` call that holds a `Sender`, a `Fiber`
+/// handle or a lock guard and will use it later. Hence "possible" and the quiet period.
+pub(crate) fn check_deadlock(rt: &Shared) -> bool {
+    if !rt.config.fiber_roots
+        || rt.blocked.load(Ordering::SeqCst) > 0
+        || PLAIN_IN_VT.load(Ordering::SeqCst) > 0
+    {
+        return false;
+    }
+    let started = rt.started();
+    if rt.slots[..started].iter().any(|s| {
+        !s.location.load(Ordering::SeqCst).is_null()
+            || s.inbox_len.load(Ordering::SeqCst) > 0
+            || !s.stealer.is_empty()
+    }) || !rt.injector.is_empty()
+        || rt.earliest_deadline() != u64::MAX
+    {
+        return false;
+    }
+    let dump = collect(rt);
+    if dump.is_empty()
+        || dump.fibers.iter().any(|f| match f.state {
+            FiberState::Parked { reason, timed } => timed || reason.is_io(),
+            _ => true,
+        })
+    {
+        return false;
+    }
+    // The walk took time: make sure nothing moved meanwhile.
+    if PLAIN_IN_VT.load(Ordering::SeqCst) > 0 || rt.earliest_deadline() != u64::MAX {
+        return false;
+    }
+    eprintln!(
+        "virtual-threads: possible deadlock: all fibers are asleep.\n\
+         Every fiber of this runtime has been parked for at least {} ms, and nothing the runtime \
+         knows of can wake one: no timer, no socket, no carrier or plain thread inside a vt call. \
+         (A plain thread that holds a Sender, a Fiber handle or a lock guard and uses it later \
+         is invisible to the runtime: if that is the case, this report is a false alarm; \
+         runtime::Builder::deadlock_report sets the quiet period or turns the report off.)\n{dump}",
+        rt.config.deadlock_report.unwrap_or_default().as_millis(),
+    );
+    if std::env::var_os("VT_DEADLOCK_ABORT").is_some_and(|v| v != "0") {
+        eprintln!("virtual-threads: VT_DEADLOCK_ABORT is set; aborting");
+        std::process::abort();
+    }
+    true
+}
+
+/// The supervisor caught a fiber computing for ~100 ms without a switch while every carrier is
+/// busy: warn once per spawn location (cats-effect's starvation checker).
+pub(crate) fn warn_starvation(rt: &Shared, carrier: usize, ran_for: Duration) {
+    let dump = collect(rt);
+    let line = dump
+        .fibers
+        .iter()
+        .find(|f| f.state == FiberState::Running { carrier })
+        .map(|f| {
+            let name = f.name.as_deref().map(|n| format!(" {n:?}")).unwrap_or_default();
+            format!("fiber {}{name}, spawned at {}", f.id, f.spawned_at)
+        })
+        .unwrap_or_else(|| "a fiber".into());
+    eprintln!(
+        "virtual-threads: CPU starvation: {line} has run on carrier {carrier} for {} ms without a \
+         switch while every carrier is busy; the fibers queued behind it wait. Call vt::yield_now() \
+         in long loops, or run the computation in vt::blocking so a spare carrier takes over the \
+         queue. (Reported once per spawn location.)",
+        ran_for.as_millis()
+    );
+}
+
+// --- SIGQUIT: print every opted-in runtime's dump, as the JVM prints its thread dump. ---
+
+/// Runtimes that asked for a dump on SIGQUIT.
+static ON_SIGQUIT: Mutex<Vec<RuntimeRef>> = Mutex::new(Vec::new());
+/// Write end of the self-pipe the signal handler writes to.
+static SIGQUIT_PIPE: OnceLock<i32> = OnceLock::new();
+
+/// Adds a runtime to those dumped on SIGQUIT, installing the handler and its thread once.
+pub(crate) fn dump_on_sigquit(rt: &RuntimeRef) -> std::io::Result<()> {
+    if SIGQUIT_PIPE.get().is_none() {
+        let fd = install_sigquit()?;
+        let _ = SIGQUIT_PIPE.set(fd);
+    }
+    ON_SIGQUIT.lock().unwrap_or_else(|e| e.into_inner()).push(rt.clone());
+    Ok(())
+}
+
+/// The runtime is going away: stop dumping it.
+pub(crate) fn forget_sigquit(rt: &Shared) {
+    if SIGQUIT_PIPE.get().is_some() {
+        ON_SIGQUIT.lock().unwrap_or_else(|e| e.into_inner()).retain(|r| !std::ptr::eq(r.ptr(), rt));
+    }
+}
+
+fn install_sigquit() -> std::io::Result<i32> {
+    static INSTALL: Mutex<Option<i32>> = Mutex::new(None);
+    let mut installed = INSTALL.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(fd) = *installed {
+        return Ok(fd);
+    }
+    let mut fds = [0i32; 2];
+    // SAFETY: `fds` is a valid array of two ints for pipe2 to fill.
+    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    let [read_fd, write_fd] = fds;
+    WRITE_FD.store(write_fd as usize, Ordering::Relaxed);
+    std::thread::Builder::new().name("vt-sigquit".into()).spawn(move || sigquit_thread(read_fd))?;
+    // SAFETY: a zeroed sigaction is a valid starting value; we fill the handler and flags.
+    let mut sa: libc::sigaction = unsafe { std::mem::zeroed() };
+    sa.sa_sigaction = on_sigquit as extern "C" fn(libc::c_int) as usize;
+    sa.sa_flags = libc::SA_RESTART;
+    // SAFETY: `sa` is initialised; the handler only calls write(2), which is async-signal-safe.
+    if unsafe { libc::sigaction(libc::SIGQUIT, &sa, std::ptr::null_mut()) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    *installed = Some(write_fd);
+    Ok(write_fd)
+}
+
+static WRITE_FD: AtomicUsize = AtomicUsize::new(usize::MAX);
+
+extern "C" fn on_sigquit(_: libc::c_int) {
+    // Async-signal-safe: one atomic load and write(2); errno is saved around it because the
+    // interrupted code may be about to read it.
+    let fd = WRITE_FD.load(Ordering::Relaxed);
+    if fd == usize::MAX {
+        return;
+    }
+    // SAFETY: errno's location is thread-local and valid for the thread the signal runs on.
+    let saved = unsafe { *libc::__errno_location() };
+    let byte = 1u8;
+    // SAFETY: `fd` is the pipe's write end, open for the process's life; one byte from a local.
+    unsafe { libc::write(fd as i32, (&byte as *const u8).cast(), 1) };
+    // SAFETY: as above.
+    unsafe { *libc::__errno_location() = saved };
+}
+
+fn sigquit_thread(fd: i32) {
+    let mut buf = [0u8; 64];
+    loop {
+        // SAFETY: `buf` is a valid writable buffer of its length; `fd` is the pipe's read end.
+        let n = unsafe { libc::read(fd, buf.as_mut_ptr().cast(), buf.len()) };
+        if n <= 0 {
+            if n < 0 && std::io::Error::last_os_error().kind() == std::io::ErrorKind::Interrupted {
+                continue;
+            }
+            return;
+        }
+        let rts: Vec<RuntimeRef> = ON_SIGQUIT.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        for rt in rts {
+            eprintln!("virtual-threads: SIGQUIT\n{}", collect(&rt));
+        }
+    }
+}

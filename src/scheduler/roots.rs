@@ -1,0 +1,115 @@
+//! Fiber roots: every fiber record a runtime ever allocated, so that dumps, the deadlock check
+//! and the runtime's drop can find every live fiber.
+//!
+//! Records are pooled and reused, never freed while the runtime's state lives, so the set of
+//! all records is a superset of the live fibers that costs nothing per spawn: a record enters
+//! its carrier's shard once, when the pool grows, and a fiber is live exactly while its record
+//! is counted and not `DONE` (`FiberRef::upgrade`). A finished fiber is out of every walk the
+//! moment it finishes; nothing waits for a sweep. See `arch/diagnostics.md`.
+//!
+//! ```text
+//!  shard 0 (carrier 0) | rec rec rec ...      shard k: records allocated by carrier k
+//!  shard n (outside)   | rec ...              (plain threads that spawned)
+//! ```
+
+use std::ptr::NonNull;
+use std::sync::Mutex;
+
+use super::{CachePadded, RecordPtr};
+use crate::fiber::stack::SizeClass;
+use crate::fiber::{FiberRecord, FiberRef, PARKED};
+
+/// Records copied out of a shard per lock, so a walk never holds a carrier's shard for long.
+const WALK_CHUNK: usize = 1024;
+
+pub(crate) struct Roots {
+    shards: Box<[CachePadded<Mutex<Vec<RecordPtr>>>]>,
+    /// Where the runtime's drop is in its walk for parked fibers: (shard, index).
+    cursor: Mutex<(usize, usize)>,
+}
+
+impl Roots {
+    /// `carriers` shards for carriers plus one for plain threads.
+    pub(crate) fn new(carriers: usize) -> Roots {
+        Roots {
+            shards: (0..=carriers).map(|_| CachePadded(Mutex::new(Vec::new()))).collect(),
+            cursor: Mutex::new((0, 0)),
+        }
+    }
+
+    /// Index of the shard for records allocated outside the carriers.
+    pub(crate) fn outside(&self) -> usize {
+        self.shards.len() - 1
+    }
+
+    /// A new blank record, entered in `shard` (the pool ran dry: not on the steady-state path).
+    pub(crate) fn alloc(&self, shard: usize, class: &'static SizeClass) -> NonNull<FiberRecord> {
+        let r = FiberRecord::blank(class);
+        self.shards[shard].lock().unwrap_or_else(|e| e.into_inner()).push(RecordPtr(r));
+        r
+    }
+
+    /// Calls `f` with a reference to every live fiber (counted, not finished).
+    pub(crate) fn for_each_live(&self, mut f: impl FnMut(FiberRef)) {
+        let mut chunk: Vec<NonNull<FiberRecord>> = Vec::with_capacity(WALK_CHUNK);
+        for shard in self.shards.iter() {
+            let mut start = 0;
+            loop {
+                chunk.clear();
+                {
+                    let s = shard.lock().unwrap_or_else(|e| e.into_inner());
+                    chunk.extend(s.iter().skip(start).take(WALK_CHUNK).map(|r| r.0));
+                }
+                if chunk.is_empty() {
+                    break;
+                }
+                start += chunk.len();
+                for &p in &chunk {
+                    // SAFETY: records are freed only with the runtime's state (`free_all`),
+                    // which outlives this walk (the caller holds a reference to it).
+                    if let Some(r) = unsafe { FiberRef::upgrade(p) } {
+                        if r.state() != crate::fiber::DONE {
+                            f(r);
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// The next fiber left parked, for the runtime's drop (after the carriers stopped). Nothing
+    /// parks any more then, so one pass with a cursor finds them all: O(records) overall.
+    pub(crate) fn next_parked(&self) -> Option<FiberRef> {
+        let mut cur = self.cursor.lock().unwrap_or_else(|e| e.into_inner());
+        while cur.0 < self.shards.len() {
+            let p = {
+                let s = self.shards[cur.0].lock().unwrap_or_else(|e| e.into_inner());
+                s.get(cur.1).map(|r| r.0)
+            };
+            let Some(p) = p else {
+                *cur = (cur.0 + 1, 0);
+                continue;
+            };
+            cur.1 += 1;
+            // SAFETY: as in `for_each_live`.
+            if let Some(r) = unsafe { FiberRef::upgrade(p) } {
+                if r.state() == PARKED {
+                    return Some(r);
+                }
+            }
+        }
+        None
+    }
+
+    /// Frees every record (the runtime's state is being dropped: no reference to any is left,
+    /// since each live record holds a reference to that state).
+    pub(crate) fn free_all(&mut self) {
+        for shard in self.shards.iter_mut() {
+            for r in shard.0.get_mut().unwrap_or_else(|e| e.into_inner()).drain(..) {
+                // SAFETY: every record was allocated by `FiberRecord::blank` (a leaked `Box`)
+                // and entered here once; nothing refers to it any more (see above).
+                drop(unsafe { Box::from_raw(r.0.as_ptr()) });
+            }
+        }
+    }
+}

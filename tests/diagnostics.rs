@@ -1,0 +1,369 @@
+//! Fiber dumps, metrics, the deadlock report, the CPU-starvation warning and the SIGQUIT dump.
+//! Reports that go to stderr are checked in a child process (this test binary re-executed).
+
+use std::io::{BufRead, BufReader, Read};
+use std::os::unix::process::ExitStatusExt;
+use std::panic::Location;
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use virtual_threads as vt;
+use vt::{FiberDump, FiberState, WaitReason};
+
+const CHILD: &str = "VT_DIAG_TEST_CHILD";
+
+/// Polls the dump until `cond` holds (a generous 30 s bound: the fibers get there on their own).
+fn dump_until(rt: &vt::Runtime, what: &str, cond: impl Fn(&FiberDump) -> bool) -> FiberDump {
+    let start = Instant::now();
+    loop {
+        let d = rt.dump();
+        if cond(&d) {
+            return d;
+        }
+        assert!(start.elapsed() < Duration::from_secs(30), "timed out waiting for {what}; last dump:\n{d}");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+fn parked_on(d: &FiberDump, reason: WaitReason) -> usize {
+    d.fibers()
+        .iter()
+        .filter(|f| matches!(f.state, FiberState::Parked { reason: r, .. } if r == reason))
+        .count()
+}
+
+#[test]
+fn dump_shows_each_state_and_location() {
+    let rt = vt::Runtime::builder().carriers(2).deadlock_report(None).build().unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+
+    // Parked on a channel receive.
+    let (tx, rx) = vt::channel::bounded::<u32>(0);
+    let recv_site = Location::caller();
+    let recv = rt.spawn(move || rx.recv());
+    // Parked on a mutex held by this (plain) thread.
+    let m = Arc::new(vt::sync::Mutex::new(0));
+    let guard = m.lock().unwrap();
+    let m2 = m.clone();
+    let lock =
+        vt::Builder::new().name("locker".into()).spawn_on(&rt.handle(), move || *m2.lock().unwrap()).unwrap();
+    // Parked in a long sleep (the runtime's drop unwinds it).
+    let _sleeper = rt.spawn(|| vt::sleep(Duration::from_secs(3600)));
+    // Parked on a socket: accept with no client.
+    let listener = vt::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let _acceptor = rt.spawn(move || listener.accept().map(|_| ()));
+    // Running: spins until told to stop.
+    let s = stop.clone();
+    let spinner = rt.spawn(move || {
+        while !s.load(Ordering::Relaxed) {
+            std::hint::spin_loop();
+        }
+    });
+
+    let d = dump_until(&rt, "every fiber in place", |d| {
+        parked_on(d, WaitReason::ChannelRecv) == 1
+            && parked_on(d, WaitReason::Mutex) == 1
+            && parked_on(d, WaitReason::Sleep) == 1
+            && parked_on(d, WaitReason::NetRead) == 1
+            && d.fibers().iter().any(|f| matches!(f.state, FiberState::Running { .. }))
+    });
+    let text = d.to_string();
+    assert!(text.starts_with("fiber dump: 5 live fibers"), "{text}");
+    assert!(text.contains("parked on channel receive"), "{text}");
+    assert!(text.contains("parked on Mutex::lock"), "{text}");
+    assert!(text.contains("parked on sleep (with a deadline)"), "{text}");
+    assert!(text.contains("parked on socket read"), "{text}");
+    assert!(text.contains("running on carrier"), "{text}");
+    assert!(text.contains("\"locker\""), "names the fiber: {text}");
+    let recv_info = d
+        .fibers()
+        .iter()
+        .find(|f| matches!(f.state, FiberState::Parked { reason: WaitReason::ChannelRecv, .. }))
+        .unwrap();
+    assert_eq!(recv_info.spawned_at.file(), recv_site.file());
+    assert_eq!(recv_info.spawned_at.line(), recv_site.line() + 1, "the spawn call's line");
+    assert!(text.contains(&format!("tests/diagnostics.rs:{}", recv_site.line() + 1)), "{text}");
+
+    drop(guard);
+    assert_eq!(lock.join().unwrap(), 0);
+    tx.send(7).unwrap();
+    assert_eq!(recv.join().unwrap(), Ok(7));
+    stop.store(true, Ordering::Relaxed);
+    spinner.join().unwrap();
+    let d = dump_until(&rt, "the finished fibers to leave the dump", |d| d.len() == 2);
+    assert_eq!(parked_on(&d, WaitReason::Sleep) + parked_on(&d, WaitReason::NetRead), 2, "{d}");
+}
+
+#[test]
+fn a_blocking_section_shows_as_blocking() {
+    let rt = vt::Runtime::builder().carriers(1).deadlock_report(None).build().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel::<()>();
+    let site = Location::caller();
+    let h = rt.spawn(move || vt::blocking(move || rx.recv().unwrap()));
+    let d = dump_until(&rt, "the blocking fiber", |d| {
+        d.fibers().iter().any(|f| matches!(f.state, FiberState::Blocking { .. }))
+    });
+    let FiberState::Blocking { at, .. } = d.fibers()[0].state else { unreachable!() };
+    assert_eq!((at.file(), at.line()), (site.file(), site.line() + 1), "{d}");
+    assert!(d.to_string().contains("in a blocking section at tests/diagnostics.rs"), "{d}");
+    tx.send(()).unwrap();
+    h.join().unwrap();
+}
+
+#[test]
+fn a_hundred_thousand_parked_fibers_dump_as_one_group() {
+    const N: usize = 100_000;
+    let rt = vt::Runtime::builder().carriers(2).deadlock_report(None).build().unwrap();
+    let (tx, rx) = vt::channel::bounded::<()>(0);
+    let handles: Vec<_> = (0..N)
+        .map(|_| {
+            let rx = rx.clone();
+            rt.spawn(move || rx.recv().is_err())
+        })
+        .collect();
+    let d = dump_until(&rt, "every fiber parked", |d| parked_on(d, WaitReason::ChannelRecv) == N);
+    let groups = d.groups();
+    assert_eq!(groups.len(), 1, "{d}");
+    assert_eq!(groups[0].len(), N);
+    let text = d.to_string();
+    assert_eq!(text.lines().count(), 2, "a header and one group line: {text}");
+    assert!(
+        text.contains(&format!("{N} fibers parked on channel receive, spawned at tests/diagnostics.rs")),
+        "{text}"
+    );
+    assert!(text.contains(&format!("and {} more", N - 3)), "{text}");
+    assert_eq!(format!("{d:#}").matches(" fiber ").count(), N, "the alternate form names every fiber");
+    drop((tx, rx));
+    assert!(handles.into_iter().all(|h| h.join().unwrap()));
+}
+
+#[test]
+fn metrics_add_up() {
+    let rt = vt::Runtime::builder().carriers(2).deadlock_report(None).build().unwrap();
+    let (tx, rx) = vt::channel::unbounded::<u64>();
+    // 1,000 fibers that finish, 10 that stay parked, spawned from a fiber and from this thread.
+    let sum = rt.block_on(|| {
+        let hs: Vec<_> = (0..500u64).map(|i| vt::spawn(move || i)).collect();
+        hs.into_iter().map(|h| h.join().unwrap()).sum::<u64>()
+    });
+    let hs: Vec<_> = (0..500u64).map(|i| rt.spawn(move || i)).collect();
+    let sum2: u64 = hs.into_iter().map(|h| h.join().unwrap()).sum();
+    assert_eq!(sum + sum2, 2 * (0..500).sum::<u64>());
+    let waiters: Vec<_> = (0..10)
+        .map(|_| {
+            let rx = rx.clone();
+            rt.spawn(move || rx.recv().unwrap())
+        })
+        .collect();
+    let d = dump_until(&rt, "10 parked fibers", |d| parked_on(d, WaitReason::ChannelRecv) == 10);
+    let start = Instant::now();
+    while rt.metrics().fibers_live != 10 && start.elapsed() < Duration::from_secs(30) {
+        std::thread::yield_now();
+    }
+    let m = rt.metrics();
+    assert_eq!(m.fibers_spawned, 1 + 500 + 500 + 10, "{m}");
+    assert_eq!(m.fibers_spawned, m.fibers_finished + m.fibers_live, "{m}");
+    assert_eq!(m.fibers_live, d.len() as u64, "live fibers are the dumped ones: {m}\n{d}");
+    assert!(m.switches >= m.fibers_spawned, "{m}");
+    assert!(m.parks >= 10, "{m}");
+    assert!(m.stack_pool_hits + m.stack_pool_misses > 0, "{m}");
+    assert!(m.stacks_carved > 0 && m.stack_bytes_reserved >= m.stacks_carved * 16 * 1024, "{m}");
+    for i in 0..10 {
+        tx.send(i).unwrap();
+    }
+    let got: u64 = waiters.into_iter().map(|h| h.join().unwrap()).sum();
+    assert_eq!(got, 45);
+    // A join returns once the result is published; the carrier counts the finish just after.
+    let start = Instant::now();
+    while rt.metrics().fibers_live != 0 && start.elapsed() < Duration::from_secs(30) {
+        std::thread::yield_now();
+    }
+    let m = rt.metrics();
+    assert_eq!((m.fibers_live, m.fibers_finished), (0, m.fibers_spawned), "{m}");
+    assert!(m.unparks >= 10, "{m}");
+    assert!(m.to_string().contains("fibers: 1011 spawned, 1011 finished, 0 live"), "{m}");
+}
+
+#[test]
+fn fiber_roots_off_gives_an_empty_dump_that_says_why() {
+    let rt = vt::Runtime::builder().carriers(1).fiber_roots(false).build().unwrap();
+    let (tx, rx) = vt::channel::bounded::<()>(0);
+    let h = rt.spawn(move || rx.recv());
+    let d = rt.dump();
+    assert!(d.is_empty());
+    assert!(d.to_string().contains("fiber_roots(false)"), "{d}");
+    drop(tx);
+    assert!(h.join().unwrap().is_err());
+}
+
+/// Runs `case` in a child copy of this test binary; returns (exit code, signal, stderr).
+fn run_child(test: &str, case: &str) -> (Option<i32>, Option<i32>, String) {
+    let out = Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", test, "--nocapture", "--test-threads=1"])
+        .env(CHILD, case)
+        .env("VT_DEADLOCK_ABORT", "1")
+        .output()
+        .expect("re-exec the test binary");
+    (out.status.code(), out.status.signal(), String::from_utf8_lossy(&out.stderr).into_owned())
+}
+
+#[test]
+fn a_real_deadlock_is_reported_with_the_dump() {
+    if std::env::var(CHILD).as_deref() == Ok("deadlock") {
+        let rt = vt::Runtime::builder()
+            .carriers(2)
+            .deadlock_report(Some(Duration::from_millis(200)))
+            .build()
+            .unwrap();
+        // Each fiber waits for the other's message before sending its own.
+        let (tx_a, rx_a) = vt::channel::bounded::<()>(1);
+        let (tx_b, rx_b) = vt::channel::bounded::<()>(1);
+        let a = vt::Builder::new()
+            .name("alice".into())
+            .spawn_on(&rt.handle(), move || {
+                rx_a.recv().unwrap();
+                tx_b.send(()).unwrap();
+            })
+            .unwrap();
+        let _b = vt::Builder::new()
+            .name("bob".into())
+            .spawn_on(&rt.handle(), move || {
+                rx_b.recv().unwrap();
+                tx_a.send(()).unwrap();
+            })
+            .unwrap();
+        // Waiting in join cannot wake anyone: the report still fires (and aborts the child).
+        let _ = a.join();
+        unreachable!("the deadlock report aborts under VT_DEADLOCK_ABORT");
+    }
+    let (_, signal, stderr) = run_child("a_real_deadlock_is_reported_with_the_dump", "deadlock");
+    assert_eq!(signal, Some(libc::SIGABRT), "stderr: {stderr}");
+    assert!(stderr.contains("possible deadlock: all fibers are asleep"), "stderr: {stderr}");
+    assert!(
+        stderr.contains("2 fibers parked on channel receive")
+            || stderr.matches("parked on channel receive").count() == 2,
+        "stderr: {stderr}"
+    );
+    assert!(stderr.contains("\"alice\"") && stderr.contains("\"bob\""), "stderr: {stderr}");
+    assert_eq!(stderr.matches("possible deadlock").count(), 1, "reported once: {stderr}");
+}
+
+#[test]
+fn no_report_for_fibers_a_plain_thread_wakes_later() {
+    if std::env::var(CHILD).as_deref() == Ok("woken-later") {
+        let rt = vt::Runtime::builder()
+            .carriers(2)
+            .deadlock_report(Some(Duration::from_millis(100)))
+            .build()
+            .unwrap();
+        let (tx, rx) = vt::channel::bounded::<u32>(0);
+        let parked = rt.spawn(move || rx.recv().unwrap());
+        let f = Arc::new(std::sync::Mutex::new(None));
+        let f2 = f.clone();
+        let (ptx, prx) = vt::channel::bounded::<()>(1);
+        let parker = rt.spawn(move || {
+            *f2.lock().unwrap() = Some(vt::current());
+            ptx.send(()).unwrap();
+            vt::park();
+            7
+        });
+        // A plain thread inside vt calls (a receive, a sleep, then a send and an unpark) for
+        // well over the quiet period, with no gap between them: it may wake a fiber, so no
+        // report.
+        let waker = std::thread::spawn(move || {
+            prx.recv().unwrap();
+            vt::sleep(Duration::from_millis(600));
+            tx.send(5).unwrap();
+            f.lock().unwrap().take().unwrap().unpark();
+        });
+        assert_eq!(parked.join().unwrap(), 5);
+        assert_eq!(parker.join().unwrap(), 7);
+        waker.join().unwrap();
+        // A fiber in a long timed wait is not asleep for good either.
+        rt.block_on(|| vt::sleep(Duration::from_millis(400)));
+        println!("child done");
+        return;
+    }
+    let (code, signal, stderr) = run_child("no_report_for_fibers_a_plain_thread_wakes_later", "woken-later");
+    assert_eq!((code, signal), (Some(0), None), "stderr: {stderr}");
+    assert!(!stderr.contains("possible deadlock"), "stderr: {stderr}");
+}
+
+#[test]
+fn cpu_starvation_is_warned_once_per_location() {
+    if std::env::var(CHILD).as_deref() == Ok("starve") {
+        let rt = vt::Runtime::builder().carriers(1).max_carriers(1).deadlock_report(None).build().unwrap();
+        let hog = |ms| {
+            move || {
+                let t = Instant::now();
+                while t.elapsed() < Duration::from_millis(ms) {
+                    std::hint::spin_loop();
+                }
+            }
+        };
+        rt.block_on(|| {
+            let queued = vt::spawn(|| 1);
+            hog(400)();
+            assert_eq!(queued.join().unwrap(), 1);
+        });
+        return;
+    }
+    let (code, _, stderr) = run_child("cpu_starvation_is_warned_once_per_location", "starve");
+    assert_eq!(code, Some(0), "stderr: {stderr}");
+    assert!(stderr.contains("CPU starvation"), "stderr: {stderr}");
+    assert!(stderr.contains("tests/diagnostics.rs"), "names the spawn site: {stderr}");
+    assert_eq!(stderr.matches("CPU starvation").count(), 1, "once per location: {stderr}");
+}
+
+#[test]
+fn sigquit_prints_the_dump() {
+    if std::env::var(CHILD).as_deref() == Ok("sigquit") {
+        let rt =
+            vt::Runtime::builder().carriers(1).dump_on_sigquit(true).deadlock_report(None).build().unwrap();
+        let (_tx, rx) = vt::channel::bounded::<()>(0);
+        let h = rt.spawn(move || rx.recv());
+        while rt.dump().fibers().iter().all(|f| !matches!(f.state, FiberState::Parked { .. })) {
+            std::thread::yield_now();
+        }
+        println!("ready");
+        let _ = h.join(); // the parent kills us
+        unreachable!();
+    }
+    let mut child = Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "sigquit_prints_the_dump", "--nocapture", "--test-threads=1"])
+        .env(CHILD, "sigquit")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut out = BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    while !line.contains("ready") {
+        line.clear();
+        assert!(out.read_line(&mut line).unwrap() > 0, "the child exited before it was ready");
+    }
+    // SAFETY: kill(2) on our own child's pid.
+    assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGQUIT) }, 0);
+    let mut err = child.stderr.take().unwrap();
+    let reader = std::thread::spawn(move || {
+        let mut text = Vec::new();
+        let mut buf = [0u8; 4096];
+        while !String::from_utf8_lossy(&text).contains("parked on channel receive") {
+            match err.read(&mut buf) {
+                Ok(0) | Err(_) => break,
+                Ok(n) => text.extend_from_slice(&buf[..n]),
+            }
+        }
+        String::from_utf8_lossy(&text).into_owned()
+    });
+    let start = Instant::now();
+    while !reader.is_finished() && start.elapsed() < Duration::from_secs(30) {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    let text = reader.join().unwrap();
+    assert!(text.contains("SIGQUIT") && text.contains("1 fiber parked on channel receive"), "stderr: {text}");
+}
