@@ -456,6 +456,12 @@ impl Drop for PlainCall {
     }
 }
 
+/// A plain thread made a `vt` call that does not wait (`yield_now`): it is alive and using the
+/// runtime, so the deadlock check's quiet period starts again.
+pub(crate) fn plain_activity() {
+    PLAIN_CALLS.fetch_add(1, Ordering::Relaxed);
+}
+
 /// Plain-thread `vt` calls that ended, process-wide: the deadlock check runs again after one.
 pub(crate) static PLAIN_CALLS: AtomicUsize = AtomicUsize::new(0);
 

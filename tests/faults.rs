@@ -520,6 +520,73 @@ fn running_out_of_stack_memory_is_an_io_error_from_builder_and_a_clear_panic_fro
     }
 }
 
+#[test]
+fn running_out_of_memory_mappings_is_an_io_error_naming_vm_max_map_count() {
+    const TEST: &str = "running_out_of_memory_mappings_is_an_io_error_naming_vm_max_map_count";
+    if child_case().as_deref() == Some("map-count") {
+        // `VT_STACK_GUARD=mprotect` (set by the parent) makes every guard page a separate
+        // mapping, as on kernels before 6.13, so `vm.max_map_count` is what runs out.
+        let rt = rt(2);
+        let (tx, rx) = vt::channel::bounded::<()>(0);
+        let started = Arc::new(AtomicUsize::new(0));
+        let mut parked = Vec::new();
+        let err = 'outer: loop {
+            assert!(parked.len() < 1_000_000, "no limit hit after {} fibers", parked.len());
+            let mut batch = Vec::new();
+            for _ in 0..1000 {
+                let (rx, started) = (rx.clone(), started.clone());
+                match vt::Builder::new().spawn_on(&rt.handle(), move || {
+                    started.fetch_add(1, SeqCst);
+                    let _ = rx.recv();
+                }) {
+                    Ok(h) => batch.push(h),
+                    Err(e) => break 'outer e.to_string(),
+                }
+            }
+            // Every fiber of the batch took its stack (it runs), or one could not start.
+            let want = parked.len() + batch.len();
+            loop {
+                if started.load(SeqCst) == want {
+                    break;
+                }
+                if let Some(i) = batch.iter().position(|h| h.is_finished()) {
+                    let p = batch.swap_remove(i).join().unwrap_err();
+                    break 'outer message(&*p);
+                }
+                std::thread::yield_now();
+            }
+            parked.extend(batch);
+        };
+        println!("fibers parked: {}", started.load(SeqCst));
+        println!("error: {err}");
+        // The limit was hit before the kernel's: threads and fibers still start.
+        std::thread::spawn(|| ()).join().unwrap();
+        drop((tx, rx));
+        parked.into_iter().for_each(|h| h.join().unwrap());
+        assert_eq!(rt.block_on(|| vt::spawn(|| 7).join().unwrap()), 7);
+        println!("child: ok");
+        return;
+    }
+    let out = Command::new(std::env::current_exe().unwrap())
+        .args([TEST, "--exact", "--nocapture", "--test-threads=1"])
+        .env(CHILD, "map-count")
+        .env("VT_STACK_GUARD", "mprotect")
+        .output()
+        .expect("re-exec the test binary");
+    let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
+    assert!(
+        out.status.success() && stdout.contains("child: ok"),
+        "{}\nstdout: {stdout}\nstderr: {stderr}",
+        out.status
+    );
+    let at = stdout.find("error: ").unwrap();
+    let msg = stdout[at..].lines().next().unwrap();
+    assert!(msg.contains("vm.max_map_count") && msg.contains("sysctl -w vm.max_map_count="), "{msg}");
+    let n: usize = stdout.split("fibers parked: ").nth(1).unwrap().lines().next().unwrap().parse().unwrap();
+    // The default limit (65,530) leaves room for ~30,000 guarded stacks; a raised one, more.
+    assert!(n > 10_000, "only {n} fibers before the limit: {stdout}");
+}
+
 /// The descriptors this process has open now.
 fn open_fds() -> usize {
     std::fs::read_dir("/proc/self/fd").unwrap().count()

@@ -244,7 +244,10 @@ pub fn yield_now() {
             rec.suspend(Suspend::Yield);
         }
         Some(_) => {}
-        None => std::thread::yield_now(),
+        None => {
+            crate::diagnostics::plain_activity();
+            std::thread::yield_now();
+        }
     }
 }
 

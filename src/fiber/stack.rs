@@ -236,6 +236,11 @@ fn guard(bottom: usize) -> io::Result<()> {
     static PROTECT_LIMIT: OnceLock<usize> = OnceLock::new();
 
     let kind = *KIND.get_or_init(|| {
+        // `VT_STACK_GUARD=mprotect` takes the pre-6.13 path on purpose: for tools that cannot
+        // see guard markers (valgrind), and to test the `vm.max_map_count` limit on any kernel.
+        if std::env::var_os("VT_STACK_GUARD").is_some_and(|v| v == "mprotect") {
+            return GuardKind::Protect;
+        }
         // SAFETY: `bottom` is the page-aligned first page of a slot in an arena we mapped, and
         // nothing has been stored in it yet.
         match unsafe { platform::install_guard(bottom as *mut u8, GuardKind::Marker) } {

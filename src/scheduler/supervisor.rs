@@ -14,7 +14,7 @@
 use std::collections::{HashMap, HashSet};
 use std::panic::Location;
 use std::sync::atomic::Ordering;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use super::{RuntimeRef, Shared};
 
@@ -188,10 +188,20 @@ fn sleep_until_work(rt: &Shared, every: Duration, quiet: &mut Quiet) {
         let before = activity(rt);
         match rt.config.deadlock_report.filter(|_| rt.config.fiber_roots) {
             Some(period) if quiet.checked != Some(before) => {
-                std::thread::park_timeout(period);
-                if !rt.shutdown.load(Ordering::SeqCst) && all_idle(rt) && activity(rt) == before {
-                    quiet.checked = Some(before);
-                    crate::diagnostics::check_deadlock(rt);
+                // The whole period must pass with nothing moving: a park can return early (a
+                // waking carrier unparks us, or spuriously), and checking then would judge a
+                // fiber that parked a moment ago (found by tests/stress.rs under VT_DEADLOCK_ABORT).
+                let until = Instant::now() + period;
+                loop {
+                    std::thread::park_timeout(until.saturating_duration_since(Instant::now()));
+                    if rt.shutdown.load(Ordering::SeqCst) || !all_idle(rt) || activity(rt) != before {
+                        break;
+                    }
+                    if Instant::now() >= until {
+                        quiet.checked = Some(before);
+                        crate::diagnostics::check_deadlock(rt);
+                        break;
+                    }
                 }
             }
             _ => std::thread::park_timeout(every.max(Duration::from_secs(1)) * 100),
