@@ -11,20 +11,8 @@ use std::time::{Duration, Instant};
 
 use virtual_threads as vt;
 
-fn median(mut v: Vec<Duration>) -> Duration {
-    v.sort();
-    v[v.len() / 2]
-}
-
-fn w1(rt: &vt::Runtime) -> Duration {
-    let t = Instant::now();
-    let sum: u64 = rt.block_on(|| {
-        let hs: Vec<_> = (0..10_000u64).map(|i| vt::spawn(move || i)).collect();
-        hs.into_iter().map(|h| h.join().unwrap()).sum()
-    });
-    assert_eq!(sum, 10_000 * 9_999 / 2);
-    t.elapsed()
-}
+mod common;
+use common::{median, w1};
 
 /// W4: 100 pairs exchange 1,000 messages each over rendezvous channels.
 fn w4(rt: &vt::Runtime) -> Duration {

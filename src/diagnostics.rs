@@ -10,8 +10,8 @@
 use std::collections::HashMap;
 use std::fmt;
 use std::panic::Location;
+use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use crate::fiber::{FiberRef, PARKED, RUNNABLE, RUNNING};
@@ -548,42 +548,38 @@ pub(crate) fn warn_starvation(rt: &Shared, carrier: usize, ran_for: Duration) {
 
 // --- SIGQUIT: print every opted-in runtime's dump, as the JVM prints its thread dump. ---
 
-/// Runtimes that asked for a dump on SIGQUIT.
+/// Runtimes that asked for a dump on SIGQUIT. Its lock also serialises installing the handler.
 static ON_SIGQUIT: Mutex<Vec<RuntimeRef>> = Mutex::new(Vec::new());
-/// Write end of the self-pipe the signal handler writes to.
-static SIGQUIT_PIPE: OnceLock<i32> = OnceLock::new();
+/// Write end of the self-pipe the signal handler writes to; `usize::MAX` until installed.
+static WRITE_FD: AtomicUsize = AtomicUsize::new(usize::MAX);
 
 /// Adds a runtime to those dumped on SIGQUIT, installing the handler and its thread once.
 pub(crate) fn dump_on_sigquit(rt: &RuntimeRef) -> std::io::Result<()> {
-    if SIGQUIT_PIPE.get().is_none() {
-        let fd = install_sigquit()?;
-        let _ = SIGQUIT_PIPE.set(fd);
+    let mut list = ON_SIGQUIT.lock().unwrap_or_else(|e| e.into_inner());
+    if WRITE_FD.load(Ordering::Relaxed) == usize::MAX {
+        install_sigquit()?;
     }
-    ON_SIGQUIT.lock().unwrap_or_else(|e| e.into_inner()).push(rt.clone());
+    list.push(rt.clone());
     Ok(())
 }
 
 /// The runtime is going away: stop dumping it.
 pub(crate) fn forget_sigquit(rt: &Shared) {
-    if SIGQUIT_PIPE.get().is_some() {
+    if WRITE_FD.load(Ordering::Relaxed) != usize::MAX {
         ON_SIGQUIT.lock().unwrap_or_else(|e| e.into_inner()).retain(|r| !std::ptr::eq(r.ptr(), rt));
     }
 }
 
-fn install_sigquit() -> std::io::Result<i32> {
-    static INSTALL: Mutex<Option<i32>> = Mutex::new(None);
-    let mut installed = INSTALL.lock().unwrap_or_else(|e| e.into_inner());
-    if let Some(fd) = *installed {
-        return Ok(fd);
-    }
+/// Called once, under `ON_SIGQUIT`'s lock.
+fn install_sigquit() -> std::io::Result<()> {
     let mut fds = [0i32; 2];
     // SAFETY: `fds` is a valid array of two ints for pipe2 to fill.
     if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
         return Err(std::io::Error::last_os_error());
     }
     let [read_fd, write_fd] = fds;
-    WRITE_FD.store(write_fd as usize, Ordering::Relaxed);
     std::thread::Builder::new().name("vt-sigquit".into()).spawn(move || sigquit_thread(read_fd))?;
+    WRITE_FD.store(write_fd as usize, Ordering::Relaxed);
     // SAFETY: a zeroed sigaction is a valid starting value; we fill the handler and flags.
     let mut sa: libc::sigaction = unsafe { std::mem::zeroed() };
     sa.sa_sigaction = on_sigquit as extern "C" fn(libc::c_int) as usize;
@@ -592,11 +588,8 @@ fn install_sigquit() -> std::io::Result<i32> {
     if unsafe { libc::sigaction(libc::SIGQUIT, &sa, std::ptr::null_mut()) } != 0 {
         return Err(std::io::Error::last_os_error());
     }
-    *installed = Some(write_fd);
-    Ok(write_fd)
+    Ok(())
 }
-
-static WRITE_FD: AtomicUsize = AtomicUsize::new(usize::MAX);
 
 extern "C" fn on_sigquit(_: libc::c_int) {
     // Async-signal-safe: one atomic load and write(2); errno is saved around it because the

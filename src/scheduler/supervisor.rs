@@ -52,7 +52,7 @@ pub(crate) fn run(rt: RuntimeRef) {
     let mut totals: HashMap<usize, Known> = HashMap::new();
     let mut tick: u64 = 0;
     let mut starving: HashSet<usize> = HashSet::new();
-    let mut quiet = Quiet::default();
+    let mut quiet: Option<(u64, usize)> = None;
     while !rt.shutdown.load(Ordering::Acquire) {
         rt.tick_clock();
         let started = rt.started();
@@ -155,13 +155,6 @@ fn aggregate(rt: &Shared, totals: &mut HashMap<usize, Known>) {
     *rt.known.lock().unwrap_or_else(|e| e.into_inner()) = known;
 }
 
-/// What the deadlock check last looked at, so that an idle runtime is checked once per quiet
-/// episode, not once per quiet period (idle means idle, even with a million parked fibers).
-#[derive(Default)]
-struct Quiet {
-    checked: Option<(u64, usize)>,
-}
-
 /// Switches so far on every carrier, and plain-thread `vt` calls so far: if neither moved,
 /// nothing happened that could change the deadlock check's answer.
 fn activity(rt: &Shared) -> (u64, usize) {
@@ -179,7 +172,10 @@ fn all_idle(rt: &Shared) -> bool {
 /// safety net. The flag and the re-check pair with `Shared::supervisor_wake` (Dekker-style,
 /// SeqCst on both sides): either we see a running carrier, or it sees us sleeping. The first
 /// time in a quiet episode, wake after the deadlock report's quiet period and check.
-fn sleep_until_work(rt: &Shared, every: Duration, quiet: &mut Quiet) {
+/// `checked` is what `activity` read when the deadlock check last ran, so that an idle runtime
+/// is checked once per quiet episode, not once per quiet period (idle means idle, even with a
+/// million parked fibers).
+fn sleep_until_work(rt: &Shared, every: Duration, checked: &mut Option<(u64, usize)>) {
     rt.supervisor_sleeping.store(true, Ordering::SeqCst);
     if !all_idle(rt) {
         // A carrier is searching or about to run something: sample again next tick.
@@ -187,7 +183,7 @@ fn sleep_until_work(rt: &Shared, every: Duration, quiet: &mut Quiet) {
     } else if !rt.shutdown.load(Ordering::SeqCst) {
         let before = activity(rt);
         match rt.config.deadlock_report.filter(|_| rt.config.fiber_roots) {
-            Some(period) if quiet.checked != Some(before) => {
+            Some(period) if *checked != Some(before) => {
                 // The whole period must pass with nothing moving: a park can return early (a
                 // waking carrier unparks us, or spuriously), and checking then would judge a
                 // fiber that parked a moment ago (found by tests/stress.rs under VT_DEADLOCK_ABORT).
@@ -198,7 +194,7 @@ fn sleep_until_work(rt: &Shared, every: Duration, quiet: &mut Quiet) {
                         break;
                     }
                     if Instant::now() >= until {
-                        quiet.checked = Some(before);
+                        *checked = Some(before);
                         crate::diagnostics::check_deadlock(rt);
                         break;
                     }
