@@ -157,11 +157,13 @@ fn metrics_add_up() {
             rt.spawn(move || rx.recv().unwrap())
         })
         .collect();
-    let d = dump_until(&rt, "10 parked fibers", |d| parked_on(d, WaitReason::ChannelRecv) == 10);
+    // The count first: a fiber whose join already returned may still be finishing, and a dump
+    // taken meanwhile lists it.
     let start = Instant::now();
     while rt.metrics().fibers_live != 10 && start.elapsed() < Duration::from_secs(30) {
         std::thread::yield_now();
     }
+    let d = dump_until(&rt, "10 parked fibers", |d| parked_on(d, WaitReason::ChannelRecv) == 10);
     let m = rt.metrics();
     assert_eq!(m.fibers_spawned, 1 + 500 + 500 + 10, "{m}");
     assert_eq!(m.fibers_spawned, m.fibers_finished + m.fibers_live, "{m}");

@@ -21,7 +21,7 @@ use std::os::unix::process::ExitStatusExt;
 use std::panic::{self, AssertUnwindSafe};
 use std::process::{Command, Output};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::SeqCst};
-use std::sync::{Arc, mpsc};
+use std::sync::{Arc, PoisonError, mpsc};
 use std::time::{Duration, Instant};
 
 use virtual_threads as vt;
@@ -950,8 +950,26 @@ fn waits_abandoned_by_a_runtime_drop_lose_no_message_permit_or_wake_up() {
         }
     }));
     spawn(Box::new(move || drop(l2.lock())));
+    let rw = Arc::new(RwLock::new(0));
+    let (rw1, rw2) = (rw.clone(), rw.clone());
+    spawn(Box::new(move || {
+        let _g = rw1.write();
+        loop {
+            vt::park();
+        }
+    }));
+    spawn(Box::new(move || drop(rw2.read())));
+    let (sel_tx, sel_rx) = channel::unbounded::<u32>();
+    let (_other_tx, other_rx) = channel::bounded::<u32>(0);
+    let sel_rx1 = sel_rx.clone();
+    spawn(Box::new(move || {
+        vt::select! {
+            recv(sel_rx1) -> _m => {},
+            recv(other_rx) -> _m => {},
+        }
+    }));
     // A fiber, once started, runs until it parks: the drop cannot stop it half-way there.
-    eventually("every fiber started", || started.load(SeqCst) == 5);
+    eventually("every fiber started", || started.load(SeqCst) == 8);
     // A plain thread queues behind the fiber waiting for the lock.
     let l3 = lock.clone();
     let (queued_tx, queued_rx) = mpsc::channel();
@@ -960,7 +978,18 @@ fn waits_abandoned_by_a_runtime_drop_lose_no_message_permit_or_wake_up() {
         drop(l3.lock());
     });
     queued_rx.recv().unwrap();
+    // And one behind the fiber waiting to read.
+    let rw3 = rw.clone();
+    let (queued_tx, queued_rx) = mpsc::channel();
+    let thread_writer = std::thread::spawn(move || {
+        queued_tx.send(()).unwrap();
+        *rw3.write().unwrap_or_else(PoisonError::into_inner) += 1;
+    });
+    queued_rx.recv().unwrap();
     drop(rt);
+
+    sel_tx.send(9).unwrap();
+    assert_eq!(sel_rx.try_recv(), Ok(9), "an unwound select! kept no receive slot");
 
     tx.send(7).unwrap();
     assert_eq!(rx.try_recv(), Ok(7), "a send after the drop reached a live receiver");
@@ -973,4 +1002,8 @@ fn waits_abandoned_by_a_runtime_drop_lose_no_message_permit_or_wake_up() {
         thread_waiter.join().unwrap()
     });
     assert!(!matches!(lock.try_lock(), Err(TryLockError::WouldBlock)), "the lock is free");
+    within(LIMIT, "the plain thread queued behind unwound rwlock waiters", move || {
+        thread_writer.join().unwrap()
+    });
+    assert_eq!(*rw.read().unwrap_or_else(PoisonError::into_inner), 1, "the plain writer got the lock once");
 }

@@ -17,7 +17,8 @@ use virtual_threads as vt;
 use vt::net::{TcpListener, TcpStream, UdpSocket, UnixStream};
 
 fn rt() -> vt::Runtime {
-    vt::Runtime::builder().carriers(2).build().unwrap()
+    // `kill -QUIT` prints what every fiber waits on, should a test ever hang.
+    vt::Runtime::builder().carriers(2).dump_on_sigquit(true).build().unwrap()
 }
 
 const LOCALHOST: &str = "127.0.0.1:0";
@@ -566,4 +567,52 @@ fn socket_types_are_send_and_sync_like_std() {
     check::<UdpSocket>();
     check::<UnixStream>();
     check::<vt::net::UnixListener>();
+}
+
+/// Fibers that wait on a socket nobody has registered yet race to register it; the losers must
+/// wait on the winner's registration. (They once took it for an orphaned one, left by a dropped
+/// runtime, and parked for ever: first seen under valgrind with four acceptors on a listener.)
+#[test]
+fn fibers_racing_to_register_one_socket_all_wait_on_it() {
+    const ROUNDS: usize = 200;
+    const FIBERS: usize = 4;
+    let rt = rt();
+    let waiting = |rt: &vt::Runtime| {
+        let d = rt.dump();
+        let on_socket = d
+            .fibers()
+            .iter()
+            .filter(|f| matches!(f.state, vt::FiberState::Parked { reason: vt::WaitReason::NetRead, .. }))
+            .count();
+        (on_socket, d)
+    };
+    for round in 0..ROUNDS {
+        let listener = Arc::new(TcpListener::bind(LOCALHOST).unwrap());
+        let addr = listener.local_addr().unwrap();
+        let acceptors: Vec<_> = (0..FIBERS)
+            .map(|_| {
+                let l = listener.clone();
+                rt.spawn(move || drop(l.accept().unwrap()))
+            })
+            .collect();
+        // Every acceptor must come to wait on the listener (nothing connects before), and a
+        // loser of the race shows up parked on something else.
+        let start = Instant::now();
+        loop {
+            let (n, d) = waiting(&rt);
+            if n == FIBERS {
+                break;
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(30),
+                "round {round}: {n} of {FIBERS} wait on the listener\n{d}"
+            );
+            std::thread::yield_now();
+        }
+        let clients: Vec<_> = (0..FIBERS).map(|_| std::net::TcpStream::connect(addr).unwrap()).collect();
+        for a in acceptors {
+            a.join().unwrap();
+        }
+        drop(clients);
+    }
 }

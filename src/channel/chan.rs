@@ -342,22 +342,8 @@ impl<T> Chan<T> {
                 match outcome {
                     None => synced.receivers.remove(slot.waiter()),
                     Some(Outcome::Granted(_)) => {
-                        // A message was delivered to a receiver that is gone: give it to the
-                        // next one, or put it back at the head of the buffer (the room it
-                        // came from may be taken again, so this may exceed `cap` by one).
-                        let mut msg = slot.take().expect("granted receive slot");
-                        while let Some(next) = synced.receivers.pop_front() {
-                            next.put(msg);
-                            let granted = next.grant();
-                            synced.recycle(&next);
-                            if granted {
-                                drop(synced);
-                                next.waiter().unpark();
-                                return;
-                            }
-                            msg = next.take().expect("message put just above");
-                        }
-                        synced.buf.push_front(msg);
+                        let msg = slot.take().expect("granted receive slot");
+                        Self::redeliver(synced, msg);
                     }
                     Some(_) => {}
                 }
@@ -376,7 +362,30 @@ impl<T> Chan<T> {
         }
     }
 
+    /// A message was delivered to a receiver that is gone (unwound by its runtime's drop):
+    /// give it to the next receiver, or put it back at the head of the buffer (the room it
+    /// came from may be taken again, so this may exceed `cap` by one). Never parks or panics.
+    fn redeliver(mut synced: loom::MutexGuard<'_, Synced<T>>, mut msg: T) {
+        while let Some(next) = synced.receivers.pop_front() {
+            next.put(msg);
+            let granted = next.grant();
+            synced.recycle(&next);
+            if granted {
+                drop(synced);
+                next.waiter().unpark();
+                return;
+            }
+            msg = next.take().expect("message put just above");
+        }
+        synced.buf.push_front(msg);
+    }
+
     // ---- select! support -----------------------------------------------------------------
+
+    /// Hands on a message granted to a `select!` that its runtime's drop unwound.
+    pub(crate) fn hand_on(&self, msg: T) {
+        Self::redeliver(self.lock(), msg);
+    }
 
     /// Runs `f` with the inner lock held, for `select!`'s arms.
     pub(crate) fn with_lock<R>(&self, f: impl FnOnce(&mut Locked<'_, T>) -> R) -> R {

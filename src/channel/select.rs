@@ -77,6 +77,10 @@ trait ArmOps {
     fn unregister(&mut self, waiter: &Waiter);
     /// The waiter was granted this arm: collect the result the counterpart left.
     fn complete_granted(&mut self);
+    /// The waiter was granted this arm, but the runtime's drop is unwinding the select: hand
+    /// on what the counterpart left (a received message) so that nothing is lost. Runs during
+    /// unwinding: must not park or panic.
+    fn abandon_granted(&mut self);
 }
 
 /// A `recv(rx) -> res` arm.
@@ -195,6 +199,12 @@ impl<T> ArmOps for RecvArm<'_, T> {
         // Acquire; it no longer touches the slot.
         self.result = Some(Ok(slot.take().expect("granted receive slot")));
     }
+
+    fn abandon_granted(&mut self) {
+        if let Some(msg) = self.slot.take().and_then(|slot| slot.take()) {
+            self.rx.chan().hand_on(msg);
+        }
+    }
 }
 
 impl<T> ArmOps for SendArm<'_, T> {
@@ -263,6 +273,10 @@ impl<T> ArmOps for SendArm<'_, T> {
     fn complete_granted(&mut self) {
         self.result = Some(Ok(()));
     }
+
+    fn abandon_granted(&mut self) {
+        // A receiver took the message: nothing of ours is left to hand on.
+    }
 }
 
 /// Runs a select over `arms` (steps 1-4 above): the index of the arm that completed, or
@@ -298,7 +312,19 @@ pub fn run(arms: &mut [Arm<'_>], deadline: Deadline) -> Option<usize> {
             break;
         }
         let outcome = match polled {
-            Poll::Pending | Poll::Preempted => Some(waiter.wait(WaitReason::Select, deadline)),
+            Poll::Pending | Poll::Preempted => {
+                // A runtime's drop may unwind this fiber from inside its park: take every
+                // slot back, and hand on a message a sender already delivered to us.
+                let abandon = |outcome: Option<Outcome>| {
+                    for arm in arms.iter_mut() {
+                        arm.ops.unregister(&waiter);
+                    }
+                    if let Some(Outcome::Granted(i)) = outcome {
+                        arms[i].ops.abandon_granted();
+                    }
+                };
+                Some(waiter.wait_or_abandon(WaitReason::Select, deadline, abandon))
+            }
             Poll::Done | Poll::Lost => None,
         };
         for arm in arms.iter_mut() {

@@ -200,8 +200,14 @@ impl<S: AsFd> IoSource<S> {
         let mut deadline: Option<Instant> = None;
         let waiter = Waiter::of_caller();
         loop {
+            // Read once per round: another fiber may register the socket at any moment, and
+            // the arms below must judge the registration this round's snapshot came from.
+            // (Reading it again there let a fiber that saw none, then lost the race to
+            // register, take the new registration for an orphaned one and park for ever:
+            // four acceptors on one listener, seen under valgrind.)
+            let registered = self.reg.get();
             // The registration may be orphaned (its runtime gone): then wait like a thread.
-            let reg = self.reg.get().filter(|r| waiter == Waiter::Fiber && !r.is_orphaned());
+            let reg = registered.filter(|r| waiter == Waiter::Fiber && !r.is_orphaned());
             let seen = reg.map(|r| r.readiness().snapshot(dir));
             if let Some(s) = seen {
                 if s.is_closed() {
@@ -229,7 +235,7 @@ impl<S: AsFd> IoSource<S> {
             }
             let waited = match (waiter, reg) {
                 (Waiter::Fiber, Some(r)) => r.readiness().wait(dir, deadline),
-                (Waiter::Fiber, None) if self.reg.get().is_some_and(|r| r.runtime_is_current()) => {
+                (Waiter::Fiber, None) if registered.is_some_and(|r| r.runtime_is_current()) => {
                     // Orphaned: this fiber's own runtime is being dropped, and nothing polls its
                     // reactor. Park, to be unwound by the drop like every other waiting fiber
                     // (re-registering and retrying here would spin, and the drop would wait
@@ -239,7 +245,7 @@ impl<S: AsFd> IoSource<S> {
                 }
                 // Orphaned by another runtime's drop: wait like a thread (the supervisor
                 // compensates for the blocked carrier) rather than spin.
-                (Waiter::Fiber, None) if self.reg.get().is_some() => self.wait_thread(dir, deadline)?,
+                (Waiter::Fiber, None) if registered.is_some() => self.wait_thread(dir, deadline)?,
                 (Waiter::Fiber, None) => {
                     // First wait: register (unless another fiber just did: `register` checks
                     // under its lock), then go round again to take a snapshot (the

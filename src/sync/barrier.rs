@@ -52,6 +52,8 @@ impl Barrier {
             let waiter = Arc::new(Waiter::new());
             synced.waiters.push(waiter.clone());
             drop(synced);
+            // A broadcast wake-up: a waiter that a runtime's drop unwinds here leaves nothing to
+            // hand on (unlike a lock or a message), so a plain `wait` is enough.
             let outcome = waiter.wait(WaitReason::Barrier, None);
             debug_assert_eq!(outcome, Outcome::Woken(0));
             return BarrierWaitResult(false);

@@ -147,6 +147,8 @@ impl<T> OnceLock<T> {
             }
             waiters.push(waiter.clone());
         }
+        // A broadcast wake-up: a waiter that a runtime's drop unwinds here leaves nothing to
+        // hand on (unlike a lock or a message), so a plain `wait` is enough.
         waiter.wait(WaitReason::Once, None);
     }
 

@@ -197,7 +197,15 @@ impl<T: ?Sized> RwLock<T> {
             let reason = if write { WaitReason::RwLockWrite } else { WaitReason::RwLockRead };
             // The releaser set our share of the state before granting; its Release on the
             // waiter state, seen by `wait`'s Acquire, orders the previous holders' writes.
-            let outcome = waiter.wait(reason, None);
+            // A runtime's drop may unwind us from inside the park. Still waiting: the
+            // cancelled entry stays queued, and whoever grants it releases its share at once
+            // (`grant_next`). Already granted: release the lock we were handed.
+            let abandon = |outcome: Option<Outcome>| {
+                if outcome.is_some() {
+                    self.unlock_share(write);
+                }
+            };
+            let outcome = waiter.wait_or_abandon(reason, None, abandon);
             debug_assert_eq!(outcome, Outcome::Granted(0), "rwlock waiters are only granted");
             return;
         }
@@ -222,12 +230,22 @@ impl<T: ?Sized> RwLock<T> {
         }
     }
 
+    fn unlock_share(&self, write: bool) {
+        if write { self.write_unlock() } else { self.read_unlock() }
+    }
+
     /// Hands the lock to the front of the queue: one writer, or every reader before the next
     /// writer. Precondition: the caller is the releaser that left no holder while QUEUED is set
     /// (state is QUEUED, or WRITER | QUEUED for a releasing writer); nobody else can change the
     /// state until we store it, so plain stores are exact.
+    ///
+    /// An entry whose waiter was cancelled (only a runtime's drop unwinding it does that) is
+    /// granted its share like any other, and the share is released at once on its behalf,
+    /// after the queue lock is dropped: the next waiters are granted as if it had held the
+    /// lock for an instant.
     fn grant_next(&self) {
         let mut granted = Vec::new();
+        let mut abandoned = Vec::new();
         {
             let mut queue = self.queue.lock().unwrap_or_else(PoisonError::into_inner);
             let first = queue.pop_front().expect("QUEUED set with an empty queue");
@@ -241,13 +259,19 @@ impl<T: ?Sized> RwLock<T> {
             let rest = if queue.is_empty() { 0 } else { QUEUED };
             // Release: with the grants below, publishes the previous holders' writes.
             self.state.store(holders | rest, Ordering::Release);
-            for entry in &granted {
-                let ok = entry.waiter.grant(0);
-                debug_assert!(ok, "rwlock waiters never cancel");
-            }
+            // Cancelled entries give their share back below.
+            granted.retain(|entry| {
+                entry.waiter.grant(0) || {
+                    abandoned.push(entry.write);
+                    false
+                }
+            });
         }
         for entry in &granted {
             entry.waiter.unpark();
+        }
+        for write in abandoned {
+            self.unlock_share(write);
         }
     }
 }

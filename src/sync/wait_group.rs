@@ -57,6 +57,8 @@ impl WaitGroup {
             }
             waiters.push(waiter.clone());
         }
+        // A broadcast wake-up: a waiter that a runtime's drop unwinds here leaves nothing to
+        // hand on (unlike a lock or a message), so a plain `wait` is enough.
         waiter.wait(WaitReason::WaitGroup, None);
     }
 }
