@@ -5,7 +5,10 @@
 //! Reports, for 1,000 connections each sending 64-byte messages in a closed loop:
 //! - criterion: time per 1,000 round trips (one per connection), hence requests/s;
 //! - a fixed-duration run per server (3 rounds, medians): requests/s, p50 and p99 latency;
-//! - memory per idle connection: RSS delta / connections, with every handler parked in `read`.
+//! - memory per idle connection: RSS delta / connections, with every handler parked in `read`;
+//! - server CPU per request: user + system time of the server's threads (`vt-carrier*`,
+//!   `tokio-server*`, read from `/proc/self/task`) over the round's requests. On a machine that
+//!   also runs other work this is steadier than requests/s, which depends on who got the CPUs.
 //!
 //! Run: `cargo bench --bench net`. Environment: `NET_BENCH_THREADS` (server carriers/workers
 //! and client workers each, default 2), `NET_BENCH_IDLE` (idle connections, default 5,000),
@@ -146,6 +149,26 @@ fn client_rt(threads: usize) -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_multi_thread().worker_threads(threads).enable_all().build().unwrap()
 }
 
+/// CPU time (user + system) used so far by this process's threads whose name starts with
+/// `prefix` (threads that exited are not counted: the servers' threads live for the whole run).
+fn threads_cpu(prefix: &str) -> Duration {
+    // SAFETY: sysconf has no preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as u64;
+    let mut ticks = 0u64;
+    for task in std::fs::read_dir("/proc/self/task").unwrap().flatten() {
+        let Ok(stat) = std::fs::read_to_string(task.path().join("stat")) else { continue };
+        // "tid (comm) state ...": comm may hold spaces, so split at the last ')'.
+        let (Some(open), Some(close)) = (stat.find('('), stat.rfind(')')) else { continue };
+        if !stat[open + 1..close].starts_with(prefix) {
+            continue;
+        }
+        let fields: Vec<&str> = stat[close + 2..].split_whitespace().collect();
+        // utime and stime are fields 14 and 15 of stat(5), 12 and 13 after "state".
+        ticks += fields[11].parse::<u64>().unwrap_or(0) + fields[12].parse::<u64>().unwrap_or(0);
+    }
+    Duration::from_nanos(ticks * 1_000_000_000 / hz)
+}
+
 fn rss_bytes() -> u64 {
     let statm = std::fs::read_to_string("/proc/self/statm").unwrap();
     let pages: u64 = statm.split_whitespace().nth(1).unwrap().parse().unwrap();
@@ -184,9 +207,14 @@ fn main() {
     // with the client (and others) a pinned carrier cannot move off a busy CPU.
     let pin = env("NET_BENCH_PIN", 1) != 0;
     let vt_rt = vt::Runtime::builder().carriers(threads).pin_carriers(pin).build().unwrap();
-    let tokio_rt =
-        tokio::runtime::Builder::new_multi_thread().worker_threads(threads).enable_all().build().unwrap();
+    let tokio_rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(threads)
+        .thread_name("tokio-server")
+        .enable_all()
+        .build()
+        .unwrap();
     let servers = [("vt", vt_server(&vt_rt)), ("tokio", tokio_server(&tokio_rt))];
+    let server_threads = ["vt-carrier", "tokio-server"];
 
     // Memory first, on quiet servers.
     let idle_per: Vec<f64> = servers.iter().map(|&(_, addr)| idle_cost(addr, idle)).collect();
@@ -211,10 +239,14 @@ fn main() {
     let mut rates = vec![Vec::new(); servers.len()];
     let mut p50 = vec![Vec::new(); servers.len()];
     let mut p99 = vec![Vec::new(); servers.len()];
+    let mut cpu = vec![Vec::new(); servers.len()];
     for _round in 0..3 {
         for (i, client) in clients.iter_mut().enumerate() {
             client.run(u64::MAX, Some(Duration::from_millis(500)), false); // warm-up
+            let before = threads_cpu(server_threads[i]);
             let mut run = client.run(u64::MAX, Some(Duration::from_secs(3)), true);
+            let used = threads_cpu(server_threads[i]).saturating_sub(before);
+            cpu[i].push(used.as_secs_f64() * 1e9 / run.ops.max(1) as f64);
             run.latencies.sort_unstable();
             rates[i].push(run.ops as f64 / run.elapsed.as_secs_f64());
             p50[i].push(percentile(&run.latencies, 0.50).as_secs_f64() * 1e6);
@@ -226,15 +258,16 @@ fn main() {
          pinned: {pin}), {threads} client threads"
     );
     println!(
-        "{:<6} {:>12} {:>10} {:>10} {:>16}",
-        "server", "requests/s", "p50 us", "p99 us", "idle conn bytes"
+        "{:<6} {:>12} {:>10} {:>10} {:>14} {:>16}",
+        "server", "requests/s", "p50 us", "p99 us", "CPU ns/req", "idle conn bytes"
     );
     for (i, (name, _)) in servers.iter().enumerate() {
         println!(
-            "{name:<6} {:>12.0} {:>10.0} {:>10.0} {:>16.0}   (medians of 3; idle: RSS delta / {idle})",
+            "{name:<6} {:>12.0} {:>10.0} {:>10.0} {:>14.0} {:>16.0}   (medians of 3; idle: RSS delta / {idle})",
             median(rates[i].clone()),
             median(p50[i].clone()),
             median(p99[i].clone()),
+            median(cpu[i].clone()),
             idle_per[i]
         );
     }
