@@ -48,6 +48,7 @@ mod time;
 
 pub use diagnostics::{FiberDump, FiberGroup, FiberInfo, FiberState, WaitReason};
 pub use fiber::builder::{Builder, spawn};
+pub use fiber::compact::no_compaction;
 pub use fiber::join::JoinHandle;
 pub use fiber::local::LocalKey;
 pub use fiber::park::{Fiber, FiberId, current, park, park_timeout, sleep, sleep_until, yield_now};

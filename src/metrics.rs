@@ -56,6 +56,17 @@ pub struct Metrics {
     /// Address space reserved by those stacks, guard pages included. Only the pages fibers
     /// touched are memory.
     pub stack_bytes_reserved: u64,
+    /// Parked fibers whose stacks were compacted (`runtime::Builder::compact_parked_after`).
+    pub stack_compactions: u64,
+    /// Compacted stacks copied back (the fiber woke, or the runtime's drop unwound it).
+    pub stack_restores: u64,
+    /// Bytes of compacted stacks held on the heap now.
+    pub compacted_stack_bytes: u64,
+    /// `madvise` calls that gave compacted stacks' pages back (one per run of adjacent stacks).
+    pub compaction_releases: u64,
+    /// Unparks that found their fiber held by the compactor: it was scheduled when the
+    /// compactor let go (a wake-up delayed by at most one batch, never lost).
+    pub unparks_during_compaction: u64,
     /// Carriers the runtime aims to have running fibers.
     pub carriers_target: usize,
     /// Carriers not retired now (compensating ones included).
@@ -97,6 +108,11 @@ impl Metrics {
         let finished = sum(|s| &s.finished) + remote.finished.load(Ordering::Relaxed);
         let spawned = sum(|s| &s.spawned) + remote.spawned.load(Ordering::Relaxed);
         let (carved, reserved, _) = rt.stacks.usage();
+        // Restores before compactions, as finished before spawned above.
+        let restores = sum(|s| &s.restores) + remote.restores.load(Ordering::Relaxed);
+        let restored_bytes = sum(|s| &s.restored_bytes) + remote.restored_bytes.load(Ordering::Relaxed);
+        let compactions = rt.compaction.compactions.load(Ordering::Relaxed);
+        let saved_bytes = rt.compaction.saved_bytes.load(Ordering::Relaxed);
         Metrics {
             fibers_spawned: spawned,
             fibers_finished: finished,
@@ -114,6 +130,11 @@ impl Metrics {
             stack_pool_misses: sum(|s| &s.stack_misses),
             stacks_carved: carved as u64,
             stack_bytes_reserved: reserved as u64,
+            stack_compactions: compactions,
+            stack_restores: restores,
+            compacted_stack_bytes: saved_bytes.saturating_sub(restored_bytes),
+            compaction_releases: rt.compaction.releases.load(Ordering::Relaxed),
+            unparks_during_compaction: rt.compaction.unparks_met.load(Ordering::Relaxed),
             carriers_target: rt.target,
             carriers_current: rt.active.load(Ordering::Relaxed),
             carriers_peak: rt.peak.load(Ordering::Relaxed),
@@ -154,6 +175,16 @@ impl fmt::Display for Metrics {
             self.stack_bytes_reserved >> 20,
             self.stack_pool_hits,
             self.stack_pool_misses
+        )?;
+        writeln!(
+            f,
+            "compaction: {} stacks compacted, {} restored, {} KiB held now, {} madvise calls, {} unparks \
+             waited for it",
+            self.stack_compactions,
+            self.stack_restores,
+            self.compacted_stack_bytes >> 10,
+            self.compaction_releases,
+            self.unparks_during_compaction
         )?;
         writeln!(
             f,

@@ -12,6 +12,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use crate::fiber::builder::Builder;
+use crate::fiber::compact::Lent;
 use crate::fiber::{JoinHandle, NO_HOME};
 use crate::runtime::context;
 use crate::{Fiber, current};
@@ -70,6 +71,8 @@ pub fn scope<'env, F, T>(f: F) -> T
 where
     F: for<'scope> FnOnce(&'scope Scope<'scope, 'env>) -> T,
 {
+    // The scoped fibers may write into this fiber's stack while it parks (below, or in `f`).
+    let _lent = Lent::new();
     let scope = Scope {
         data: Arc::new(ScopeData {
             running: AtomicUsize::new(0),
@@ -162,6 +165,8 @@ where
     RB: Send,
 {
     let at = Location::caller();
+    // `b` may write into this fiber's stack while it parks (in `a`, or in the join).
+    let _lent = Lent::new();
     // SAFETY: `hb` is joined below on every path before this function returns (`a`'s panic is
     // caught first), so what `b` borrows outlives it.
     let hb = crate::runtime::with_current_runtime(|rt| unsafe {

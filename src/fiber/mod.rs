@@ -16,6 +16,7 @@
 //! token that its next `park` consumes, so no wake-up is lost. See `arch/fiber.md`.
 
 pub(crate) mod builder;
+pub(crate) mod compact;
 pub(crate) mod join;
 pub(crate) mod local;
 pub(crate) mod overflow;
@@ -50,7 +51,7 @@ pub(crate) enum Suspend {
 pub(crate) type Co = Coroutine<(), Suspend, (), FiberStack>;
 
 use state::StateWord;
-pub(crate) use state::{DONE, PARKED, RUNNABLE, RUNNING};
+pub(crate) use state::{Claim, DONE, PARKED, RUNNABLE, RUNNING};
 
 /// A carrier index meaning "not pinned".
 pub(crate) const NO_HOME: usize = usize::MAX;
@@ -77,6 +78,9 @@ pub(crate) struct StageVTable {
 pub(crate) const STAGE_EMPTY: u8 = 0;
 pub(crate) const STAGE_CLOSURE: u8 = 1;
 pub(crate) const STAGE_RESULT: u8 = 2;
+/// The live part of a compacted fiber's stack (`compact::SavedStack`): the stage is empty from
+/// the first run to the last, so a parked fiber's stage is free for it (no record grows).
+pub(crate) const STAGE_SAVED: u8 = 3;
 
 /// Everything the runtime knows about one fiber. Records are pooled per runtime and reused:
 /// the fields that describe one fiber are rewritten in `init` while the record is unreachable
@@ -131,6 +135,15 @@ pub(crate) struct FiberRecord {
     pub(crate) since: AtomicU64,
     /// The carrier that last ran the fiber, for dumps.
     pub(crate) carrier: AtomicU32,
+    /// The stack pointer just before the fiber last switched out to park (`suspend`): where
+    /// the live part of a parked fiber's stack begins, less `compact::red_zone()`. Atomic so
+    /// that the compactor may read it before claiming the fiber, to visit stacks in address
+    /// order (a Relaxed store is a plain store).
+    pub(crate) parked_sp: AtomicUsize,
+    /// Nesting depth of sections in which the fiber lends its stack to other fibers or threads
+    /// (`scope`, `join`, `block_on`, `ThreadPool::scope`, `no_compaction`): never compacted
+    /// while positive, since they may write into it while it is parked.
+    pub(crate) lent: Cell<u32>,
     /// Nesting depth of `blocking` sections (1 for a whole fiber from a known-blocking
     /// location): while positive, the carrier running the fiber counts itself as blocked.
     pub(crate) blocking_depth: Cell<u32>,
@@ -146,8 +159,11 @@ pub(crate) struct FiberRecord {
 // RUNNING on one carrier at a time, and every hand-off goes through the state word or a queue,
 // both of which synchronise), [2] `init`, while the record is in no one's hands (refs == 0),
 // [3] the join protocol, whose state word orders `waiter` and `stage` (see `join.rs`), or
-// [4] the runtime's drop after all carriers have stopped. `id`, `name`, `spawned_at`, `class`
-// and `runtime` are written only in [2] and read-only while the record is live.
+// [4] the runtime's drop after all carriers have stopped, or [5] the compactor while it holds
+// the parked fiber in the `COMPACTING` state (`compact.rs`: it reads `lent` and puts the saved
+// stack in the stage; the state word's Acquire/Release hand the fiber over, as to a carrier).
+// `id`, `name`, `spawned_at`, `class` and `runtime` are written only in [2] and read-only while
+// the record is live.
 // SAFETY: by the argument above.
 unsafe impl Send for FiberRecord {}
 // SAFETY: as above.
@@ -212,6 +228,8 @@ impl FiberRecord {
             wait: AtomicU8::new(0),
             since: AtomicU64::new(0),
             carrier: AtomicU32::new(u32::MAX),
+            parked_sp: AtomicUsize::new(0),
+            lent: Cell::new(0),
             blocking_depth: Cell::new(0),
             blocking_at: Cell::new(None),
         });
@@ -253,6 +271,7 @@ impl FiberRecord {
         r.wait.store(0, Ordering::Relaxed);
         r.since.store(init.since, Ordering::Relaxed);
         r.carrier.store(u32::MAX, Ordering::Relaxed);
+        r.lent.set(0);
         // Release: a dump that upgrades this record (`FiberRef::upgrade`) sees the fields above.
         // One store for all three references: no read-modify-write on the spawn path.
         r.refs.store(3, Ordering::Release);
@@ -320,6 +339,10 @@ impl FiberRecord {
     /// Switches out to the carrier. Must be called by the fiber itself, while it runs.
     #[inline(never)]
     pub(crate) fn suspend(&self, why: Suspend) {
+        // One store, in the frame that switches: everything live on the stack lies above this
+        // point, or within `red_zone()` below it (the switch's own pushes). Stored for yields
+        // too (read only for parked fibers): a test and a branch would cost more than the store.
+        self.parked_sp.store(compact::stack_pointer(), Ordering::Relaxed);
         let y = self.yielder.get();
         debug_assert!(!y.is_null(), "suspend before the fiber started");
         // SAFETY: the yielder lives on this fiber's own stack for the fiber's whole life and
@@ -335,8 +358,29 @@ impl FiberRecord {
     /// Claims a runnable fiber to run it (`RUNNABLE → RUNNING`, keeping the token). Fails if
     /// it is not runnable. Every queue entry is a fiber that became runnable, so today a claim
     /// fails only on a bug; the check keeps such a bug from running one fiber on two carriers.
-    pub(crate) fn try_claim(&self) -> bool {
+    pub(crate) fn try_claim(&self) -> Claim {
         self.state.try_claim()
+    }
+
+    /// See [`StateWord::try_begin_compaction`].
+    pub(crate) fn try_begin_compaction(&self) -> bool {
+        self.state.try_begin_compaction()
+    }
+
+    /// See [`StateWord::end_compaction`].
+    pub(crate) fn end_compaction(&self, compacted: bool) -> bool {
+        self.state.end_compaction(compacted)
+    }
+
+    /// See [`StateWord::take_compacted`].
+    pub(crate) fn take_compacted(&self) -> bool {
+        self.state.take_compacted()
+    }
+
+    /// The whole state word, flags included: the compactor's first look at a record it may
+    /// claim (only a word that is exactly `PARKED`). A hint, hence Relaxed: the claim decides.
+    pub(crate) fn state_word(&self) -> u32 {
+        self.state.load(Ordering::Relaxed)
     }
 
     /// Carrier side, after the fiber switched out with `Suspend::Yield`.
@@ -374,6 +418,25 @@ impl FiberRecord {
         self.state.notify()
     }
 
+    /// Drops what a record about to be reused still holds in its stage: a result nobody took
+    /// (the join and detach paths take or drop it first, so this is rare), or the saved stack
+    /// of a fiber that could not be unwound.
+    ///
+    /// # Safety
+    /// No references remain (called from `recycle`).
+    #[cold]
+    unsafe fn drop_stage(&self) {
+        match self.stage_kind.get() {
+            STAGE_RESULT => {
+                // SAFETY: the stage holds this fiber's result, and nobody else will look at it.
+                unsafe { (self.vtable.get().drop_result)(self) };
+            }
+            // SAFETY: the stage holds a `SavedStack` (its kind says so), ours alone.
+            STAGE_SAVED => drop(unsafe { self.take_stage::<compact::SavedStack>() }),
+            _ => {}
+        }
+    }
+
     /// The last reference is gone: clear what described this fiber and hand the record back
     /// to its runtime's pool.
     fn recycle(&self, ptr: NonNull<FiberRecord>) {
@@ -384,8 +447,8 @@ impl FiberRecord {
                 // stack may still be in use by frames that never returned.
                 std::mem::forget(co);
             }
-            if self.stage_kind.get() == STAGE_RESULT {
-                (self.vtable.get().drop_result)(self);
+            if self.stage_kind.get() != STAGE_EMPTY {
+                self.drop_stage();
             }
             *self.name.get() = None;
             *self.waiter.get() = None;

@@ -212,6 +212,22 @@ impl ArenaTable {
         e.base.store(base, Ordering::Release);
     }
 
+    /// If `addr` lies in the usable part of some stack, that part: `(lowest address, top)`.
+    pub(crate) fn usable_range(&self, addr: usize) -> Option<(usize, usize)> {
+        let n = self.len.load(Ordering::Acquire).min(MAX_ARENAS);
+        for e in &self.entries[..n] {
+            let base = e.base.load(Ordering::Acquire);
+            if base == 0 || addr < base || addr >= e.end.load(Ordering::Relaxed) {
+                continue;
+            }
+            let stride = e.stride.load(Ordering::Relaxed);
+            let guard = stride - e.usable.load(Ordering::Relaxed);
+            let bottom = addr - (addr - base) % stride;
+            return (addr >= bottom + guard).then_some((bottom + guard, bottom + stride));
+        }
+        None
+    }
+
     /// If `addr` lies in a guard page of some stack, the usable size of that stack.
     /// Async-signal-safe: atomics only.
     pub(crate) fn guard_hit(&self, addr: usize) -> Option<usize> {

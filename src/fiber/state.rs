@@ -11,6 +11,14 @@
 //! ```
 //! `NOTIFIED` is a flag beside the state: an `unpark` that finds the fiber not parked leaves a
 //! token that its next `park` consumes, so no wake-up is lost. See `arch/fiber.md`.
+//!
+//! Stack compaction (`compact.rs`, `arch/compaction.md`) adds a state and a flag. The
+//! compactor claims a parked fiber with `PARKED → COMPACTING`, so that nobody resumes it while
+//! its stack is copied out and released; an unpark meanwhile finds it not parked and only
+//! leaves `NOTIFIED`, and the compactor schedules the fiber when it lets go. The `COMPACTED`
+//! flag then rides along (`PARKED|COMPACTED → RUNNABLE|COMPACTED`) until a claim clears it and
+//! tells the claimer to copy the stack back before resuming the fiber. For everyone but the
+//! compactor, `COMPACTING` reads as `PARKED` (`state`).
 
 use crate::sync::loom::{self, AtomicU32, Ordering};
 
@@ -18,11 +26,31 @@ pub(crate) const RUNNING: u32 = 0;
 pub(crate) const RUNNABLE: u32 = 1;
 pub(crate) const PARKED: u32 = 2;
 pub(crate) const DONE: u32 = 3;
-pub(crate) const STATE_MASK: u32 = 3;
+/// Parked, and held by the compactor: nobody else may make it runnable (see the module doc).
+/// A state rather than a flag, so that `notify` tells it from `PARKED` with the one test it
+/// makes anyway.
+pub(crate) const COMPACTING: u32 = 4;
+pub(crate) const STATE_MASK: u32 = 7;
 /// The unpark token (see the module doc).
-pub(crate) const NOTIFIED: u32 = 4;
+pub(crate) const NOTIFIED: u32 = 8;
+/// The fiber's live stack is saved in its record, and its pages were released: whoever claims
+/// it copies the stack back first.
+pub(crate) const COMPACTED: u32 = 16;
 
-/// Bits 0–1: the state (`RUNNING | RUNNABLE | PARKED | DONE`); bit 2: `NOTIFIED`.
+/// What a claim found (`try_claim`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[must_use]
+pub(crate) enum Claim {
+    /// Not runnable: someone else claimed it (a bug today; see `try_claim`).
+    Lost,
+    /// Claimed; its stack is in place.
+    Claimed,
+    /// Claimed; its stack is compacted and must be restored before it runs.
+    Compacted,
+}
+
+/// Bits 0–2: the state (`RUNNING | RUNNABLE | PARKED | DONE | COMPACTING`); bit 3: `NOTIFIED`;
+/// bit 4: `COMPACTED`.
 pub(crate) struct StateWord(AtomicU32);
 
 impl StateWord {
@@ -37,9 +65,12 @@ impl StateWord {
         self.0.load(order)
     }
 
-    /// The state without the token.
+    /// The state without the flags; a fiber held by the compactor is `PARKED`.
     pub(crate) fn state(&self) -> u32 {
-        self.0.load(Ordering::Acquire) & STATE_MASK
+        match self.0.load(Ordering::Acquire) & STATE_MASK {
+            COMPACTING => PARKED,
+            s => s,
+        }
     }
 
     /// Sets the word of a record nobody else can see (`FiberRecord::init`): Relaxed, because
@@ -51,19 +82,58 @@ impl StateWord {
     /// Claims a runnable fiber to run it (`RUNNABLE → RUNNING`, keeping the token). Fails if
     /// it is not runnable. Every queue entry is a fiber that became runnable, so today a claim
     /// fails only on a bug; the check keeps such a bug from running one fiber on two carriers.
-    pub(crate) fn try_claim(&self) -> bool {
+    /// A compacted fiber comes back as `Claim::Compacted`: the flag is read from the value the
+    /// CAS replaced, so a hot fiber pays nothing for it but the branch on the result.
+    pub(crate) fn try_claim(&self) -> Claim {
         let mut s = self.0.load(Ordering::Relaxed);
         loop {
             if s & STATE_MASK != RUNNABLE {
-                return false;
+                return Claim::Lost;
             }
             // Acquire pairs with the Release of whoever made it runnable (unpark's CAS or the
-            // park CAS of the previous carrier), so its stack is visible here.
+            // park CAS of the previous carrier), so its stack is visible here (and, for a
+            // compacted fiber, the saved copy, through the unpark that read the compactor's
+            // Release).
             match self.0.compare_exchange_weak(s, s & NOTIFIED, Ordering::Acquire, Ordering::Relaxed) {
-                Ok(_) => return true,
+                Ok(_) if s & COMPACTED != 0 => return Claim::Compacted,
+                Ok(_) => return Claim::Claimed,
                 Err(actual) => s = actual,
             }
         }
+    }
+
+    /// The compactor claims a fiber that is parked and not compacted (`PARKED → COMPACTING`).
+    /// On success it has the fiber to itself until `end_compaction`.
+    pub(crate) fn try_begin_compaction(&self) -> bool {
+        // Acquire pairs with `try_set_parked`'s Release: everything the fiber wrote on its
+        // stack before it switched out is visible to the copy.
+        self.0.compare_exchange(PARKED, COMPACTING, Ordering::Acquire, Ordering::Relaxed).is_ok()
+    }
+
+    /// The compactor lets go of a fiber it claimed; `compacted` says whether its stack is now
+    /// saved and released. Returns true when an unpark came meanwhile: the fiber is then
+    /// runnable and the caller must schedule it (the unpark left that to us).
+    pub(crate) fn end_compaction(&self, compacted: bool) -> bool {
+        let keep = if compacted { COMPACTED } else { 0 };
+        let mut s = self.0.load(Ordering::Relaxed);
+        loop {
+            debug_assert_eq!(s & !NOTIFIED, COMPACTING);
+            let (next, wake) =
+                if s & NOTIFIED != 0 { (RUNNABLE | keep, true) } else { (PARKED | keep, false) };
+            // Release publishes the saved stack to whoever claims the fiber next (through
+            // notify's Acquire, or our own queue push); Acquire (on the woken path) reads the
+            // notifier's Release, so the fiber sees what its waker published.
+            match self.0.compare_exchange_weak(s, next, Ordering::AcqRel, Ordering::Relaxed) {
+                Ok(_) => return wake,
+                Err(actual) => s = actual,
+            }
+        }
+    }
+
+    /// Clears `COMPACTED` where no claim does it (the runtime's drop unwinds fibers without
+    /// claiming them). Returns whether it was set.
+    pub(crate) fn take_compacted(&self) -> bool {
+        self.0.fetch_and(!COMPACTED, Ordering::Acquire) & COMPACTED != 0
     }
 
     /// Carrier side, after the fiber switched out with `Suspend::Yield`.
@@ -105,21 +175,25 @@ impl StateWord {
     pub(crate) fn notify(&self) -> bool {
         let mut s = self.0.load(Ordering::Relaxed);
         loop {
-            let next = match s & STATE_MASK {
-                PARKED => RUNNABLE,
+            let (next, wake) = match s & STATE_MASK {
+                // PARKED → RUNNABLE, keeping `COMPACTED` (a parked word carries no other flag).
+                PARKED => (s ^ (PARKED ^ RUNNABLE), true),
                 DONE => return false,
-                // A token is already waiting: write it again all the same. Returning on the
-                // load alone would leave this unpark unordered with the park that consumes the
+                // Running or runnable: leave a token for its next park. Parked but held by the
+                // compactor (COMPACTING): leave the token too; the compactor schedules the
+                // fiber when it lets go (`end_compaction` reads the token with an RMW after
+                // this one). If a token is already waiting, write it again all the same.
+                // Returning on the load alone would leave this unpark unordered with the park that consumes the
                 // earlier token, and that park could miss what this caller published and park
                 // for good (found by `loom_state_park_races_two_unparks`). Written, the CAS
                 // either is what the park's Acquire reads or, failing on a consumed token,
                 // loops and leaves a fresh one.
-                _ => s | NOTIFIED,
+                _ => (s | NOTIFIED, false),
             };
             // AcqRel: Acquire pairs with `try_set_parked`'s Release (the parked fiber's writes),
             // Release publishes the caller's writes (the message it is waking the fiber for).
             match self.0.compare_exchange_weak(s, next, Ordering::AcqRel, Ordering::Relaxed) {
-                Ok(_) => return next == RUNNABLE,
+                Ok(_) => return wake,
                 Err(actual) => s = actual,
             }
         }
@@ -129,8 +203,20 @@ impl StateWord {
 impl std::fmt::Debug for StateWord {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let s = self.load(Ordering::Relaxed);
-        let name = ["Running", "Runnable", "Parked", "Done"][(s & STATE_MASK) as usize];
-        if s & NOTIFIED != 0 { write!(f, "{name}+Notified") } else { f.write_str(name) }
+        let name = match s & STATE_MASK {
+            RUNNING => "Running",
+            RUNNABLE => "Runnable",
+            PARKED => "Parked",
+            DONE => "Done",
+            _ => "Compacting",
+        };
+        f.write_str(name)?;
+        for (flag, what) in [(NOTIFIED, "+Notified"), (COMPACTED, "+Compacted")] {
+            if s & flag != 0 {
+                f.write_str(what)?;
+            }
+        }
+        Ok(())
     }
 }
 
@@ -141,6 +227,11 @@ mod loom_tests {
     //! for carriers: the fiber's code runs on whichever thread claimed it, and its "stack" is a
     //! loom cell, so two carriers running it at once, or one not seeing what the last one
     //! wrote, is reported. Corosensei's switch itself is not modelled (`arch/loom.md`).
+    //!
+    //! With a compactor (the supervisor's `compact.rs`), one more thread claims the parked
+    //! fiber, "copies its stack out" (reads the cell, marks it saved), and lets go; whoever
+    //! claims a compacted fiber "copies it back" first. The fiber checks at every run that its
+    //! stack is in place, and loom reports a copy that overlaps a run.
     use ::loom::cell::UnsafeCell;
     use ::loom::thread;
 
@@ -151,6 +242,8 @@ mod loom_tests {
         state: StateWord,
         /// The fiber's own memory, touched by whichever carrier runs it.
         stack: UnsafeCell<u32>,
+        /// The stack is compacted: saved in the record, its pages released.
+        saved: UnsafeCell<bool>,
         running: AtomicBool,
         /// The condition the fiber waits for: unparks so far.
         woken: AtomicUsize,
@@ -161,7 +254,7 @@ mod loom_tests {
         /// like `set_done`'s, before a concurrent RMW that did not see it, tokio-rs/loom#254.)
         finished: AtomicBool,
         /// Ways a `park` returned: a token taken by the fiber, a token found by the carrier
-        /// switching it out, a claim after `notify` made it runnable.
+        /// switching it out, a claim after `notify` (or the compactor) made it runnable.
         by_token: AtomicUsize,
         by_failed_park: AtomicUsize,
         by_claim: AtomicUsize,
@@ -178,8 +271,10 @@ mod loom_tests {
         /// The fiber's body from where it last switched out to its next switch.
         fn run_slice(&self) -> Switch {
             assert!(!self.running.swap(true, Ordering::Relaxed), "two carriers run one fiber");
+            // SAFETY: loom checks that no other thread touches the cell meanwhile.
+            assert!(!self.saved.with(|s| unsafe { *s }), "a fiber ran on a compacted stack");
             self.stack.with_mut(|s| {
-                // SAFETY: loom checks that no other thread touches the cell meanwhile.
+                // SAFETY: as above.
                 unsafe { *s += 1 };
             });
             let out = loop {
@@ -201,6 +296,23 @@ mod loom_tests {
             out
         }
 
+        /// `Carrier::run_fiber`: claim it, copy its stack back if it was compacted, run it.
+        fn claim_and_run(&self) {
+            match self.state.try_claim() {
+                Claim::Lost => panic!("a fiber made runnable is claimable"),
+                Claim::Compacted => {
+                    // `FiberRecord::restore_stack`.
+                    // SAFETY: loom checks the cells' accesses.
+                    self.saved.with_mut(|s| unsafe { assert!(std::mem::replace(&mut *s, false)) });
+                    // SAFETY: as above.
+                    self.stack.with_mut(|s| unsafe { *s += 1 });
+                }
+                Claim::Claimed => {}
+            }
+            self.by_claim.fetch_add(1, Ordering::Relaxed);
+            self.run_claimed();
+        }
+
         /// `Carrier::run_claimed`: run it; after a park, mark it parked unless a token waits.
         /// A yield makes it runnable, and this carrier claims it again, as if it had popped it
         /// from its queue (a concurrent unpark leaves its token across the claim).
@@ -213,7 +325,7 @@ mod loom_tests {
                     }
                     Switch::Yield => {
                         self.state.set_runnable();
-                        assert!(self.state.try_claim(), "a yielded fiber is claimable");
+                        assert_eq!(self.state.try_claim(), Claim::Claimed, "a yielded fiber is claimable");
                     }
                     Switch::Park if self.state.try_set_parked() => return,
                     Switch::Park => {
@@ -228,18 +340,32 @@ mod loom_tests {
         fn unpark(&self) {
             self.woken.fetch_add(1, Ordering::Release);
             if self.state.notify() {
-                assert!(self.state.try_claim(), "a fiber made runnable by notify is claimable");
-                self.by_claim.fetch_add(1, Ordering::Relaxed);
-                self.run_claimed();
+                self.claim_and_run();
+            }
+        }
+
+        /// The supervisor's compaction of one fiber (`compact.rs`); if an unpark came while it
+        /// held the fiber, it schedules it, and this thread is the carrier that runs it.
+        fn compact(&self) {
+            if !self.state.try_begin_compaction() {
+                return;
+            }
+            // SAFETY: loom checks the cells' accesses.
+            let _copy = self.stack.with(|s| unsafe { *s });
+            // SAFETY: as above.
+            self.saved.with_mut(|s| unsafe { *s = true });
+            if self.state.end_compaction(true) {
+                self.claim_and_run();
             }
         }
     }
 
-    fn check(unparkers: usize, yields: bool) {
+    fn check(unparkers: usize, yields: bool, compactor: bool) {
         ::loom::model(move || {
             let f = Arc::new(Fiber {
                 state: StateWord::new(RUNNING),
                 stack: UnsafeCell::new(0),
+                saved: UnsafeCell::new(false),
                 running: AtomicBool::new(false),
                 woken: AtomicUsize::new(0),
                 wanted: unparkers,
@@ -249,12 +375,16 @@ mod loom_tests {
                 by_failed_park: AtomicUsize::new(0),
                 by_claim: AtomicUsize::new(0),
             });
-            let handles: Vec<_> = (0..unparkers)
+            let mut handles: Vec<_> = (0..unparkers)
                 .map(|_| {
                     let f = f.clone();
                     thread::spawn(move || f.unpark())
                 })
                 .collect();
+            if compactor {
+                let f = f.clone();
+                handles.push(thread::spawn(move || f.compact()));
+            }
             // This thread is the carrier that claimed the fiber first.
             f.run_claimed();
             for h in handles {
@@ -272,16 +402,26 @@ mod loom_tests {
 
     #[test]
     fn loom_state_park_races_unpark() {
-        check(1, false);
+        check(1, false, false);
     }
 
     #[test]
     fn loom_state_park_races_two_unparks() {
-        check(2, false);
+        check(2, false, false);
     }
 
     #[test]
     fn loom_state_yield_then_park_races_unpark() {
-        check(1, true);
+        check(1, true, false);
+    }
+
+    #[test]
+    fn loom_state_compaction_races_unpark() {
+        check(1, false, true);
+    }
+
+    #[test]
+    fn loom_state_compaction_races_two_unparks() {
+        check(2, false, true);
     }
 }

@@ -75,6 +75,19 @@ pub(crate) unsafe fn install_guard(addr: *mut u8, kind: GuardKind) -> io::Result
     if rc == 0 { Ok(()) } else { Err(io::Error::last_os_error()) }
 }
 
+/// Gives the pages of `addr..addr + len` back to the kernel (`MADV_DONTNEED`): the next touch
+/// of one maps a zero page. Guard pages inside the range stay guards (markers survive
+/// `MADV_DONTNEED`, and an `mprotect` page is left as it is).
+///
+/// # Safety
+/// The range must be page-aligned, inside mappings owned by the caller, and hold nothing that
+/// anyone will read again before writing it.
+pub(crate) unsafe fn release(addr: usize, len: usize) -> io::Result<()> {
+    // SAFETY: the caller guarantees the range is ours and dead.
+    let rc = unsafe { libc::madvise(addr as *mut libc::c_void, len, libc::MADV_DONTNEED) };
+    if rc == 0 { Ok(()) } else { Err(io::Error::last_os_error()) }
+}
+
 /// `vm.max_map_count`, or the kernel default when it cannot be read.
 pub(crate) fn max_map_count() -> usize {
     std::fs::read_to_string("/proc/sys/vm/max_map_count")

@@ -37,6 +37,8 @@ impl ThreadPool {
     where
         F: for<'scope> FnOnce(&'scope PoolScope<'scope, 'env>) -> R,
     {
+        // The jobs may write into this fiber's stack while it parks (in `f`, or below).
+        let _lent = crate::fiber::compact::Lent::new();
         let scope = PoolScope {
             pool: self.clone(),
             state: Arc::new(ScopeState {

@@ -17,4 +17,6 @@ pub(crate) struct Config {
     /// Quiet period before a "possible deadlock" report; `None`: never report.
     pub(crate) deadlock_report: Option<Duration>,
     pub(crate) dump_on_sigquit: bool,
+    /// Compact the stacks of fibers parked this long (`fiber/compact.rs`); `None`: never.
+    pub(crate) compact_parked_after: Option<Duration>,
 }

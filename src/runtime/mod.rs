@@ -161,6 +161,8 @@ impl Handle {
         T: Send,
     {
         let at = Location::caller();
+        // Called from a fiber, `f` may write into that fiber's stack while it waits below.
+        let _lent = crate::fiber::compact::Lent::new();
         // SAFETY: we join the fiber before returning, on every path (`join` reports a panic
         // as `Err` rather than unwinding), so what `f` borrows outlives it.
         let h = match unsafe { FiberBuilder::new().spawn_unchecked_at(&self.rt, f, at, None) } {
@@ -268,6 +270,15 @@ fn cancel(f: FiberRef) {
         return; // finished, or being unwound further up this thread's stack
     }
     f.runtime().remote.finished.fetch_add(1, Ordering::Relaxed);
+    if f.take_compacted() {
+        // Its stack must be back in place before the unwind runs on it.
+        // SAFETY: every carrier and the supervisor (the compactor) have stopped, and this
+        // thread alone unwinds the fiber (see below).
+        let bytes = unsafe { f.restore_stack() };
+        let remote = &f.runtime().remote;
+        remote.restores.fetch_add(1, Ordering::Relaxed);
+        remote.restored_bytes.fetch_add(bytes as u64, Ordering::Relaxed);
+    }
     let outer = context::cancelling();
     context::set_cancelling(FiberRef::as_ptr(&f));
     // SAFETY: every carrier has stopped, and a fiber is found once, either parked (by the walk

@@ -22,7 +22,7 @@ use crossbeam_deque::{Steal, Worker};
 use super::{RECORD_CACHE, RuntimeRef, STOCK_BATCH, Shared, Wake, bump};
 use crate::fiber::park::{self as fpark, FiberId};
 use crate::fiber::stack::{FiberStack, SizeClass};
-use crate::fiber::{FiberRecord, FiberRef, NO_HOME, Suspend};
+use crate::fiber::{Claim, FiberRecord, FiberRef, NO_HOME, Suspend};
 use crate::runtime::context;
 
 /// Local deque capacity before half of it spills to the injector (crossbeam's deque grows
@@ -462,9 +462,24 @@ impl Carrier {
             let home = f.home.load(Ordering::Relaxed);
             home == NO_HOME || home == self.index
         });
-        if f.try_claim() {
-            self.run_claimed(f);
+        match f.try_claim() {
+            Claim::Claimed => {}
+            Claim::Compacted => self.restore(&f),
+            Claim::Lost => return,
         }
+        // One call site, so that it is inlined here as before compaction existed.
+        self.run_claimed(f);
+    }
+
+    /// A fiber parked long ago: copy its stack back before it runs (see `fiber/compact.rs`).
+    #[cold]
+    #[inline(never)]
+    fn restore(&self, f: &FiberRecord) {
+        // SAFETY: we claimed it (exclusive), and the claim cleared `COMPACTED`.
+        let bytes = unsafe { f.restore_stack() };
+        let stats = &self.rt.slots[self.index].stats;
+        bump(&stats.restores, 1);
+        bump(&stats.restored_bytes, bytes as u64);
     }
 
     fn run_claimed(&self, f: FiberRef) {

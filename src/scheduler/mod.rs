@@ -113,6 +113,9 @@ pub(crate) struct Stats {
     pub(crate) idle_ns: AtomicU64,
     pub(crate) stack_hits: AtomicU64,
     pub(crate) stack_misses: AtomicU64,
+    /// Compacted stacks this carrier copied back, and their bytes.
+    pub(crate) restores: AtomicU64,
+    pub(crate) restored_bytes: AtomicU64,
 }
 
 /// Adds `n` to a single-writer counter.
@@ -129,6 +132,8 @@ pub(crate) struct RemoteStats {
     pub(crate) finished: AtomicU64,
     pub(crate) unparks: AtomicU64,
     pub(crate) injector_pushes: AtomicU64,
+    pub(crate) restores: AtomicU64,
+    pub(crate) restored_bytes: AtomicU64,
 }
 
 /// The runtime's coarse clock for dumps: nanoseconds since the epoch, refreshed by the
@@ -159,6 +164,8 @@ pub(crate) struct Shared {
     pub(crate) roots: Roots,
     pub(crate) clock: CachePadded<Clock>,
     pub(crate) remote: CachePadded<RemoteStats>,
+    /// The compactor's counters (written by the supervisor only).
+    pub(crate) compaction: CachePadded<crate::fiber::compact::CompactionStats>,
     pub(crate) shutdown: AtomicBool,
     pub(crate) epoch: Instant,
     pub(crate) stacks: &'static SizeClass,
@@ -241,6 +248,7 @@ impl Shared {
             roots: Roots::new(config.max_carriers),
             clock: CachePadded(Clock { ns: AtomicU64::new(0), on: config.fiber_roots }),
             remote: CachePadded(RemoteStats::default()),
+            compaction: CachePadded(Default::default()),
             shutdown: AtomicBool::new(false),
             epoch: Instant::now(),
             stacks,

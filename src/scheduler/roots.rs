@@ -37,6 +37,11 @@ impl Roots {
         }
     }
 
+    /// How many shards there are (a walk's cursor is past the end at this shard index).
+    pub(crate) fn shards(&self) -> usize {
+        self.shards.len()
+    }
+
     /// Index of the shard for records allocated outside the carriers.
     pub(crate) fn outside(&self) -> usize {
         self.shards.len() - 1
@@ -75,6 +80,26 @@ impl Roots {
                 }
             }
         }
+    }
+
+    /// Copies the next records of a walk into `out`, from `cursor` (shard, index), which it
+    /// advances; false when the walk is over. For walks that must not take a reference to
+    /// every record (the compactor reads two atomics of each, then claims a few).
+    pub(crate) fn chunk(&self, cursor: &mut (usize, usize), out: &mut Vec<NonNull<FiberRecord>>) -> bool {
+        out.clear();
+        while cursor.0 < self.shards.len() {
+            {
+                let s = self.shards[cursor.0].lock().unwrap_or_else(|e| e.into_inner());
+                out.extend(s.get(cursor.1..).unwrap_or(&[]).iter().take(WALK_CHUNK).map(|r| r.0));
+            }
+            if out.is_empty() {
+                *cursor = (cursor.0 + 1, 0);
+                continue;
+            }
+            cursor.1 += out.len();
+            return true;
+        }
+        false
     }
 
     /// The next fiber left parked, for the runtime's drop (after the carriers stopped). Nothing

@@ -8,7 +8,8 @@
 //! yields), it is *blocked*: the supervisor counts it, flags it so that the carrier records the
 //! location in its own map when it comes back, and starts (or wakes) a compensating carrier.
 //! Locations caught often enough become *known blocking*, and fibers from them compensate at
-//! once, with no detection delay. With every carrier asleep, the supervisor sleeps too.
+//! once, with no detection delay. With every carrier asleep, the supervisor sleeps too (until
+//! a carrier wakes it, or until the compactor has fibers to compact: `fiber/compact.rs`).
 //! See `arch/supervisor.md`.
 
 use std::collections::{HashMap, HashSet};
@@ -17,6 +18,7 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use super::{RuntimeRef, Shared};
+use crate::fiber::compact::Compactor;
 
 /// Samples without progress before a stalled carrier in the kernel counts as blocked: one
 /// sample means the same fiber ran through a whole interval without a switch, and a thread
@@ -53,6 +55,7 @@ pub(crate) fn run(rt: RuntimeRef) {
     let mut tick: u64 = 0;
     let mut starving: HashSet<usize> = HashSet::new();
     let mut quiet: Option<(u64, usize)> = None;
+    let mut compactor = Compactor::new(&rt);
     while !rt.shutdown.load(Ordering::Acquire) {
         rt.tick_clock();
         let started = rt.started();
@@ -68,8 +71,11 @@ pub(crate) fn run(rt: RuntimeRef) {
             aggregate(&rt, &mut totals);
             rt.shrink();
         }
+        if let Some(c) = &mut compactor {
+            c.run_if_due(&rt);
+        }
         if running == 0 && watch.iter().all(|w| !w.blocked) {
-            sleep_until_work(&rt, every, &mut quiet);
+            sleep_until_work(&rt, every, &mut quiet, compactor.as_mut());
         } else {
             std::thread::park_timeout(every);
         }
@@ -174,8 +180,23 @@ fn all_idle(rt: &Shared) -> bool {
 /// time in a quiet episode, wake after the deadlock report's quiet period and check.
 /// `checked` is what `activity` read when the deadlock check last ran, so that an idle runtime
 /// is checked once per quiet episode, not once per quiet period (idle means idle, even with a
-/// million parked fibers).
-fn sleep_until_work(rt: &Shared, every: Duration, checked: &mut Option<(u64, usize)>) {
+/// million parked fibers). A compaction pass that falls due meanwhile runs without ending the
+/// wait: it does not count as activity (unless it wakes a fiber an unpark left to it, and then
+/// a carrier runs, which does).
+fn sleep_until_work(
+    rt: &Shared,
+    every: Duration,
+    checked: &mut Option<(u64, usize)>,
+    mut compactor: Option<&mut Compactor>,
+) {
+    // Parks until `until`, or earlier for a compaction pass, which it runs.
+    let mut wait = |until: Instant| {
+        let due = compactor.as_ref().and_then(|c| c.due(rt)).filter(|&d| d < until);
+        std::thread::park_timeout(due.unwrap_or(until).saturating_duration_since(Instant::now()));
+        if let Some(c) = compactor.as_mut() {
+            c.run_if_due(rt);
+        }
+    };
     rt.supervisor_sleeping.store(true, Ordering::SeqCst);
     if !all_idle(rt) {
         // A carrier is searching or about to run something: sample again next tick.
@@ -189,7 +210,7 @@ fn sleep_until_work(rt: &Shared, every: Duration, checked: &mut Option<(u64, usi
                 // fiber that parked a moment ago (found by tests/stress.rs under VT_DEADLOCK_ABORT).
                 let until = Instant::now() + period;
                 loop {
-                    std::thread::park_timeout(until.saturating_duration_since(Instant::now()));
+                    wait(until);
                     if rt.shutdown.load(Ordering::SeqCst) || !all_idle(rt) || activity(rt) != before {
                         break;
                     }
@@ -200,7 +221,17 @@ fn sleep_until_work(rt: &Shared, every: Duration, checked: &mut Option<(u64, usi
                     }
                 }
             }
-            _ => std::thread::park_timeout(every.max(Duration::from_secs(1)) * 100),
+            _ => {
+                let until = Instant::now() + every.max(Duration::from_secs(1)) * 100;
+                loop {
+                    wait(until);
+                    let moved = activity(rt) != before;
+                    if rt.shutdown.load(Ordering::SeqCst) || !all_idle(rt) || moved || Instant::now() >= until
+                    {
+                        break;
+                    }
+                }
+            }
         }
     }
     rt.supervisor_sleeping.store(false, Ordering::SeqCst);
