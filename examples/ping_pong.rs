@@ -1,0 +1,85 @@
+//! Ping-pong, workload W4 of `shared/bench/WORKLOADS.md`: fiber A sends a u64 to fiber B over a
+//! channel of capacity 1, B sends it back over a second one; r round trips per op, and the
+//! caller joins both. It measures the park/unpark path (each round trip is two parks, two
+//! unparks and two resumptions): nanoseconds per round trip (median, min and max over the ops).
+//! Small and deterministic enough to count instructions under
+//! `valgrind --tool=cachegrind` (with `VT_STACK_GUARD=mprotect`, which valgrind needs).
+//!
+//! Run: `cargo run --release --example ping_pong`
+//! Flags: `--rounds R` round trips per op (default 10,000), `--iters K` timed ops (default 50),
+//! `--carriers C` (default: the runtime's, one per usable CPU).
+
+use std::time::Instant;
+use virtual_threads as vt;
+
+/// One op: `rounds` round trips between two fibers.
+fn ping_pong(rounds: u64) {
+    let (to_b, from_a) = vt::channel::bounded::<u64>(1);
+    let (to_a, from_b) = vt::channel::bounded::<u64>(1);
+    let a = vt::spawn(move || {
+        for i in 0..rounds {
+            to_b.send(i).unwrap();
+            assert_eq!(from_b.recv().unwrap(), i, "the ball came back changed");
+        }
+    });
+    let b = vt::spawn(move || {
+        for _ in 0..rounds {
+            let ball = from_a.recv().unwrap();
+            to_a.send(ball).unwrap();
+        }
+    });
+    a.join().unwrap();
+    b.join().unwrap();
+}
+
+fn main() {
+    let (rounds, iters, carriers) = parse_args().unwrap_or_else(|e| fail(&e));
+    let mut builder = vt::Runtime::builder();
+    if let Some(c) = carriers {
+        builder = builder.carriers(c);
+    }
+    let rt = builder.build().unwrap_or_else(|e| fail(&format!("cannot build the runtime: {e}")));
+    let warm_up = (iters / 10).max(3);
+    let mut secs: Vec<f64> = rt.block_on(|| {
+        let op = || {
+            let start = Instant::now();
+            ping_pong(rounds);
+            start.elapsed().as_secs_f64()
+        };
+        for _ in 0..warm_up {
+            op();
+        }
+        (0..iters).map(|_| op()).collect()
+    });
+    secs.sort_by(f64::total_cmp);
+    let per = |s: f64| s * 1e9 / rounds as f64;
+    let (median, fastest, slowest) = (per(secs[iters / 2]), per(secs[0]), per(secs[iters - 1]));
+    let carriers = rt.carriers();
+    println!("ping_pong: {rounds} round trips per op, {carriers} carriers, {iters} ops ({warm_up} warm-up)");
+    println!("  per round trip {median:>8.1} ns  median (min {fastest:.1}, max {slowest:.1})");
+}
+
+/// `--rounds R`, `--iters K`, `--carriers C`, by hand.
+fn parse_args() -> Result<(u64, usize, Option<usize>), String> {
+    let (mut rounds, mut iters, mut carriers) = (10_000, 50, None);
+    let mut args = std::env::args().skip(1);
+    while let Some(flag) = args.next() {
+        let known = ["--rounds", "--iters", "--carriers"].contains(&flag.as_str());
+        let number = args.next().filter(|_| known).and_then(|v| v.parse::<usize>().ok());
+        let number =
+            number.ok_or(format!("bad argument {flag} (usage: --rounds R --iters K --carriers C)"))?;
+        match flag.as_str() {
+            "--rounds" if number > 0 => rounds = number as u64,
+            "--iters" if number > 0 => iters = number,
+            "--carriers" => carriers = Some(number),
+            _ => return Err(format!("{flag} must be at least 1")),
+        }
+    }
+    Ok((rounds, iters, carriers))
+}
+
+/// Reports an error on stderr and exits with status 1.
+fn fail(message: &str) -> ! {
+    eprintln!("ping_pong: {message}");
+    std::process::exit(1)
+}
