@@ -458,25 +458,38 @@ mod w6 {
     //! W6 parked_memory: spawn n tasks that each wait on one shared gate (a write-locked
     //! `RwLock` that each task read-locks); once all have started (a countdown and a one-shot
     //! signal), read RSS; open the gate; join all. Each runtime runs in a fresh child process.
+    //!
+    //! `vt+compact` is vt with stack compaction (`compact_parked_after(10 ms)`): it reads RSS
+    //! once all n have started *and* the compactor has compacted all n (WORKLOADS.md reads it
+    //! once all have started: compaction needs the tasks to stay parked a while), and reports
+    //! how long after "all started" that was.
     use super::*;
 
-    /// One run's result: RSS growth per parked task, and spawn-loop time per task.
+    /// One run's result: RSS growth per parked task, spawn-loop time per task, time per task
+    /// from opening the gate to the last join (for `vt+compact`, every task's stack is copied
+    /// back on the way), and for `vt+compact` the wait from "all started" to "all compacted".
     pub struct Parked {
         bytes: f64,
         spawn_ns: f64,
+        wake_ns: f64,
+        compact_ms: f64,
     }
 
     pub fn child(which: &str) {
         let parked = match which {
-            "vt" => vt(),
+            "vt" => vt(None),
+            "vt+compact" => vt(Some(Duration::from_millis(10))),
             "tokio" => tokio(),
             other => panic!("W6: unknown runtime {other}"),
         };
-        println!("{} {}", parked.bytes, parked.spawn_ns);
+        println!("{} {} {} {}", parked.bytes, parked.spawn_ns, parked.wake_ns, parked.compact_ms);
     }
 
-    fn vt() -> Parked {
-        let rt = vt::Runtime::builder().carriers(cores()).build().expect("vt runtime");
+    fn vt(compact: Option<Duration>) -> Parked {
+        // SAFETY: W6's tasks lend their stacks to nobody (they only count and read-lock).
+        let builder = unsafe { vt::Runtime::builder().compact_parked_after(compact) };
+        let rt = builder.carriers(cores()).build().expect("vt runtime");
+        let handle = rt.handle();
         rt.block_on(|| {
             let gate = Arc::new(sync::RwLock::new(()));
             let closed = gate.write().unwrap();
@@ -496,10 +509,19 @@ mod w6 {
             }
             let spawn_time = spawning.elapsed();
             started.recv().unwrap();
+            let all_started = Instant::now();
+            let mut compact_ms = 0.0;
+            if compact.is_some() {
+                while handle.metrics().stack_compactions < PARKED as u64 {
+                    vt::sleep(Duration::from_millis(1));
+                }
+                compact_ms = all_started.elapsed().as_secs_f64() * 1e3;
+            }
             let parked = rss_bytes();
+            let waking = Instant::now();
             drop(closed);
             tasks.into_iter().for_each(|t| t.join().unwrap());
-            Parked::new(before, parked, spawn_time)
+            Parked { compact_ms, ..Parked::new(before, parked, spawn_time, waking.elapsed()) }
         })
     }
 
@@ -525,19 +547,22 @@ mod w6 {
             let spawn_time = spawning.elapsed();
             started.await.unwrap();
             let parked = rss_bytes();
+            let waking = Instant::now();
             drop(closed);
             for t in tasks {
                 t.await.unwrap();
             }
-            Parked::new(before, parked, spawn_time)
+            Parked::new(before, parked, spawn_time, waking.elapsed())
         })
     }
 
     impl Parked {
-        fn new(before: u64, parked: u64, spawn_time: Duration) -> Parked {
+        fn new(before: u64, parked: u64, spawn_time: Duration, wake_time: Duration) -> Parked {
             Parked {
                 bytes: parked.saturating_sub(before) as f64 / PARKED as f64,
                 spawn_ns: spawn_time.as_nanos() as f64 / PARKED as f64,
+                wake_ns: wake_time.as_nanos() as f64 / PARKED as f64,
+                compact_ms: 0.0,
             }
         }
     }
@@ -547,7 +572,7 @@ mod w6 {
         println!(
             "\nW6 parked_memory   n = 100,000 tasks parked on one gate; median of {W6_RUNS} fresh processes"
         );
-        let mut runs: [(&str, Vec<Parked>); 2] = [("vt", vec![]), ("tokio", vec![])];
+        let mut runs: [(&str, Vec<Parked>); 3] = [("vt", vec![]), ("vt+compact", vec![]), ("tokio", vec![])];
         for _ in 0..W6_RUNS {
             for (which, results) in &mut runs {
                 results.push(run_child(which));
@@ -559,7 +584,15 @@ mod w6 {
             let (m, s) = (&memory, &spawn);
             let bytes = format!("{} B/task ({} – {})", num(m.median), num(m.min), num(m.max));
             let ns = format!("{} ns/task ({} – {})", num(s.median), num(s.min), num(s.max));
-            println!("  {which:<6} {bytes:<30} spawn {ns}");
+            let w = Stats::of(results.iter().map(|r| r.wake_ns).collect());
+            let wake = format!("{} ns/task ({} – {})", num(w.median), num(w.min), num(w.max));
+            let c = Stats::of(results.iter().map(|r| r.compact_ms).collect());
+            let compacted = if c.max > 0.0 {
+                format!("   all compacted {:.0} ms after all started ({:.0} – {:.0})", c.median, c.min, c.max)
+            } else {
+                String::new()
+            };
+            println!("  {which:<10} {bytes:<30} spawn {ns:<28} wake+join {wake:<28}{compacted}");
         }
     }
 
@@ -569,8 +602,9 @@ mod w6 {
         let text = String::from_utf8_lossy(&out.stdout);
         assert!(out.status.success(), "W6 {which} failed: {}", String::from_utf8_lossy(&out.stderr));
         let mut fields = text.split_whitespace().map(|f| f.parse::<f64>().expect("W6: child output"));
-        let (bytes, spawn_ns) = (fields.next().unwrap(), fields.next().unwrap());
-        Parked { bytes, spawn_ns }
+        let mut field = || fields.next().expect("W6: child output");
+        let (bytes, spawn_ns, wake_ns, compact_ms) = (field(), field(), field(), field());
+        Parked { bytes, spawn_ns, wake_ns, compact_ms }
     }
 
     /// Resident set size from `/proc/self/statm` (its second field, in pages).
