@@ -19,12 +19,16 @@ use virtual_threads as vt;
 
 const CHILD: &str = "VT_COMPACTION_TEST_CHILD";
 
-/// A runtime that compacts fibers parked for 1 ms.
+/// A runtime that compacts fibers parked for 1 ms. Its fibers wait on gates that the test's
+/// plain thread holds outside any `vt` call, which the deadlock report cannot see: off, so that
+/// a slow machine (compaction taking over its 1 s quiet period) does not abort the suite under
+/// `VT_DEADLOCK_ABORT=1`.
 fn compacting(carriers: usize) -> vt::Runtime {
     // SAFETY: the tests' fibers lend their stacks only through `vt`'s own APIs and
     // `no_compaction`, as the contract asks.
     unsafe { vt::Runtime::builder().compact_parked_after(Some(Duration::from_millis(1))) }
         .carriers(carriers)
+        .deadlock_report(None)
         .build()
         .unwrap()
 }
@@ -153,6 +157,7 @@ fn unparks_racing_compaction_are_never_lost() {
     let rt = unsafe { vt::Runtime::builder().compact_parked_after(Some(Duration::from_nanos(1))) }
         .carriers(2)
         .supervisor_interval(Duration::from_millis(1))
+        .deadlock_report(None)
         .build()
         .unwrap();
     let tickets: Arc<Vec<AtomicU64>> = Arc::new((0..FIBERS).map(|_| AtomicU64::new(0)).collect());
@@ -401,11 +406,16 @@ fn fibers_that_lend_their_stack_are_not_compacted() {
 }
 
 /// Sleeping fibers are compacted too, and their timers wake them: the timer's unpark takes the
-/// same path as any other.
+/// same path as any other. With the deadlock report on (the default: pending timers keep it
+/// quiet), so that the supervisor compacts from inside its quiet-period wait.
 #[test]
 fn sleeping_fibers_are_compacted_and_woken_by_their_timers() {
     const N: u64 = 50;
-    let rt = compacting(2);
+    // SAFETY: these fibers lend their stacks to nobody.
+    let rt = unsafe { vt::Runtime::builder().compact_parked_after(Some(Duration::from_millis(1))) }
+        .carriers(2)
+        .build()
+        .unwrap();
     let handles: Vec<_> = (0..N)
         .map(|i| {
             rt.spawn(move || {
