@@ -361,9 +361,10 @@ impl Compactor {
         let live = unsafe { std::slice::from_raw_parts(at as *const u8, top - at) };
         let saved = SavedStack { at, bytes: live.into() };
         bump(&rt.compaction.saved_bytes, saved.bytes.len() as u64);
-        // SAFETY: the claim gives us the fiber's record as a carrier has it, and a started,
-        // unfinished fiber's stage is empty (its closure was taken at the first run; its result
-        // is put there when it finishes).
+        // SAFETY: the claim gives us the fiber's record as a carrier has it, and a parked
+        // fiber's stage is empty: its closure was taken at its first run, and its result is put
+        // there only after its last park (`fiber_main` publishes it and returns without parking;
+        // a result dropped by the fiber is taken out before its destructor, which may park).
         unsafe { fiber.put_stage(saved, STAGE_SAVED) };
         self.batch.push(Claimed { fiber, low, top });
         if self.batch.len() == BATCH {
