@@ -526,7 +526,13 @@ pub(crate) fn check_deadlock(rt: &Shared) -> bool {
 
 /// The supervisor caught a fiber computing for ~100 ms without a switch while every carrier is
 /// busy: warn once per spawn location (cats-effect's starvation checker).
-pub(crate) fn warn_starvation(rt: &Shared, carrier: usize, ran_for: Duration) {
+/// `cpu`: the CPU time the carrier's thread got over a window of the stall, if known.
+pub(crate) fn warn_starvation(
+    rt: &Shared,
+    carrier: usize,
+    ran_for: Duration,
+    cpu: Option<(Duration, Duration)>,
+) {
     let dump = collect(rt);
     let line = dump
         .fibers
@@ -537,11 +543,22 @@ pub(crate) fn warn_starvation(rt: &Shared, carrier: usize, ran_for: Duration) {
             format!("fiber {}{name}, spawned at {}", f.id, f.spawned_at)
         })
         .unwrap_or_else(|| "a fiber".into());
+    // A thread that was on a CPU for under half the window was mostly waiting for one: the
+    // machine is oversubscribed, and the stall may not be the fiber's doing.
+    let host = match cpu {
+        Some((used, window)) if 2 * used < window => format!(
+            " Its thread was on a CPU for only {} ms of the last {} ms: the machine is busy, so \
+             the stall may be the system's rather than the fiber's.",
+            used.as_millis(),
+            window.as_millis()
+        ),
+        _ => String::new(),
+    };
     eprintln!(
         "virtual-threads: CPU starvation: {line} has run on carrier {carrier} for {} ms without a \
          switch while every carrier is busy; the fibers queued behind it wait. Call vt::yield_now() \
          in long loops, or run the computation in vt::blocking so a spare carrier takes over the \
-         queue. (Reported once per spawn location.)",
+         queue. (Reported once per spawn location.){host}",
         ran_for.as_millis()
     );
 }

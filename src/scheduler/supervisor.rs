@@ -45,6 +45,8 @@ struct Watch {
     stalled: u32,
     /// This carrier is counted in `Shared::blocked` by the supervisor.
     blocked: bool,
+    /// The carrier thread's CPU time (clock ticks) at the first stalled sample, if procfs said.
+    cpu_at_stall: Option<u64>,
 }
 
 /// The supervisor thread's body.
@@ -100,7 +102,11 @@ fn sample(rt: &Shared, i: usize, w: &mut Watch, starving: &mut HashSet<usize>) -
     }
     w.stalled += 1;
     if !w.blocked && w.stalled >= STALL_SAMPLES {
-        let in_kernel = matches!(thread_state(slot.tid.load(Ordering::Relaxed)), Some(b'S' | b'D'));
+        let stat = thread_stat(slot.tid.load(Ordering::Relaxed));
+        let in_kernel = matches!(stat, Some((b'S' | b'D', _)));
+        if w.stalled == 1 {
+            w.cpu_at_stall = stat.map(|(_, cpu)| cpu);
+        }
         if !in_kernel
             && w.stalled >= CPU_STALL_SAMPLES
             && rt.idle.sleeping_count() == 0
@@ -108,7 +114,8 @@ fn sample(rt: &Shared, i: usize, w: &mut Watch, starving: &mut HashSet<usize>) -
         {
             // Every carrier busy and this one held by one fiber for ~100 ms: the queued
             // fibers starve unless the spare we are about to start takes them.
-            crate::diagnostics::warn_starvation(rt, i, rt.config.supervisor_interval * w.stalled);
+            let every = rt.config.supervisor_interval;
+            crate::diagnostics::warn_starvation(rt, i, every * w.stalled, cpu_since_stall(w, stat, every));
         }
         if in_kernel || w.stalled >= CPU_STALL_SAMPLES {
             w.blocked = true;
@@ -122,15 +129,33 @@ fn sample(rt: &Shared, i: usize, w: &mut Watch, starving: &mut HashSet<usize>) -
     true
 }
 
-/// The scheduling state letter of thread `tid` (`R`, `S`, `D`, ...), from procfs.
-fn thread_state(tid: i32) -> Option<u8> {
+/// The scheduling state letter of thread `tid` (`R`, `S`, `D`, ...) and the CPU time it has
+/// used (user + system, in clock ticks), from procfs.
+fn thread_stat(tid: i32) -> Option<(u8, u64)> {
     if tid <= 0 {
         return None;
     }
     let stat = std::fs::read(format!("/proc/self/task/{tid}/stat")).ok()?;
     // "tid (comm) S ...": the state follows the last ')', since comm may contain spaces.
     let close = stat.iter().rposition(|&c| c == b')')?;
-    stat.get(close + 2).copied()
+    let state = *stat.get(close + 2)?;
+    // utime and stime are fields 14 and 15 of stat(5): the 12th and 13th after the state.
+    let rest = std::str::from_utf8(stat.get(close + 2..)?).ok()?;
+    let mut fields = rest.split_ascii_whitespace().skip(11);
+    let mut ticks = || fields.next().and_then(|f| f.parse::<u64>().ok());
+    Some((state, ticks()? + ticks()?))
+}
+
+/// How much CPU time the carrier's thread used while it stalled, and over how long a window
+/// (from the first stalled sample, which came up to an interval after the stall began), if
+/// procfs said. A thread the host hardly ran (a busy machine, a VM whose vCPU was descheduled)
+/// is not a fiber hogging its carrier, and the starvation warning says so.
+fn cpu_since_stall(w: &Watch, stat: Option<(u8, u64)>, every: Duration) -> Option<(Duration, Duration)> {
+    let (start, (_, now)) = (w.cpu_at_stall?, stat?);
+    // SAFETY: sysconf has no preconditions.
+    let hz = u64::try_from(unsafe { libc::sysconf(libc::_SC_CLK_TCK) }).unwrap_or(100).max(1);
+    let used = Duration::from_nanos(now.saturating_sub(start).saturating_mul(1_000_000_000 / hz));
+    Some((used, every * (w.stalled - 1)))
 }
 
 /// Sums the carriers' location maps and marks known-blocking locations in every map. Runs only
@@ -235,4 +260,37 @@ fn sleep_until_work(
         }
     }
     rt.supervisor_sleeping.store(false, Ordering::SeqCst);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn thread_stat_reads_this_threads_state_and_cpu_time() {
+        // SAFETY: gettid has no preconditions.
+        let tid = unsafe { libc::gettid() };
+        let (state, before) = thread_stat(tid).expect("procfs describes a live thread");
+        assert_eq!(state, b'R', "the thread reading its own stat is running");
+        let t = Instant::now();
+        while t.elapsed() < Duration::from_millis(60) {
+            std::hint::spin_loop();
+        }
+        let (_, after) = thread_stat(tid).unwrap();
+        assert!(after > before, "60 ms of spinning shows in the thread's CPU time");
+        assert_eq!(thread_stat(0), None);
+    }
+
+    #[test]
+    fn cpu_since_stall_measures_the_window_after_the_first_stalled_sample() {
+        // SAFETY: sysconf has no preconditions.
+        let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as u64;
+        let every = Duration::from_millis(10);
+        let w = Watch { stalled: 10, cpu_at_stall: Some(1_000), ..Watch::default() };
+        let (used, window) = cpu_since_stall(&w, Some((b'R', 1_000 + hz / 100)), every).unwrap();
+        assert_eq!((used, window), (Duration::from_millis(10), Duration::from_millis(90)));
+        // Unknown at either end: nothing to say.
+        assert_eq!(cpu_since_stall(&Watch { cpu_at_stall: None, ..w }, Some((b'R', 5)), every), None);
+        assert_eq!(cpu_since_stall(&w, None, every), None);
+    }
 }
