@@ -361,10 +361,10 @@ impl Compactor {
         let live = unsafe { std::slice::from_raw_parts(at as *const u8, top - at) };
         let saved = SavedStack { at, bytes: live.into() };
         bump(&rt.compaction.saved_bytes, saved.bytes.len() as u64);
-        // SAFETY: the claim gives us the fiber's record as a carrier has it, and a parked
-        // fiber's stage is empty: its closure was taken at its first run, and its result is put
-        // there only after its last park (`fiber_main` publishes it and returns without parking;
-        // a result dropped by the fiber is taken out before its destructor, which may park).
+        // A parked fiber's stage is empty: its closure was taken at its first run, and its result
+        // is put there only after its last park (`fiber_main` publishes it and returns without
+        // parking; a result dropped by the fiber is taken out before its destructor, which may
+        // park). SAFETY: so, and the claim gives us the record as a carrier has it.
         unsafe { fiber.put_stage(saved, STAGE_SAVED) };
         self.batch.push(Claimed { fiber, low, top });
         if self.batch.len() == BATCH {
@@ -388,10 +388,10 @@ impl Compactor {
                 end = self.batch[i].top;
                 i += 1;
             }
+            // A failed call leaves the memory as it was: restoring then rewrites the same bytes.
             // SAFETY: `start..end` covers the usable parts of claimed, parked fibers' stacks
-            // (their live parts saved above, the rest dead) and the guard pages between them,
-            // which stay guards; the fibers cannot run until `end_compaction` below. A failed
-            // call leaves the memory as it was: restoring then rewrites the same bytes.
+            // (live parts saved above, the rest dead) and the guard pages between them, which
+            // stay guards; the fibers cannot run until `end_compaction` below.
             let _ = unsafe { crate::platform::release(start, end - start) };
             bump(&rt.compaction.releases, 1);
         }

@@ -212,25 +212,9 @@ impl ArenaTable {
         e.base.store(base, Ordering::Release);
     }
 
-    /// If `addr` lies in the usable part of some stack, that part: `(lowest address, top)`.
-    pub(crate) fn usable_range(&self, addr: usize) -> Option<(usize, usize)> {
-        let n = self.len.load(Ordering::Acquire).min(MAX_ARENAS);
-        for e in &self.entries[..n] {
-            let base = e.base.load(Ordering::Acquire);
-            if base == 0 || addr < base || addr >= e.end.load(Ordering::Relaxed) {
-                continue;
-            }
-            let stride = e.stride.load(Ordering::Relaxed);
-            let guard = stride - e.usable.load(Ordering::Relaxed);
-            let bottom = addr - (addr - base) % stride;
-            return (addr >= bottom + guard).then_some((bottom + guard, bottom + stride));
-        }
-        None
-    }
-
-    /// If `addr` lies in a guard page of some stack, the usable size of that stack.
-    /// Async-signal-safe: atomics only.
-    pub(crate) fn guard_hit(&self, addr: usize) -> Option<usize> {
+    /// The stack slot `addr` falls in, if any: `(slot's lowest address, stride, usable size)`;
+    /// a slot is its guard page(s) followed by the usable stack. Atomics only (async-signal-safe).
+    fn slot_of(&self, addr: usize) -> Option<(usize, usize, usize)> {
         let n = self.len.load(Ordering::Acquire).min(MAX_ARENAS);
         for e in &self.entries[..n] {
             let base = e.base.load(Ordering::Acquire);
@@ -239,9 +223,23 @@ impl ArenaTable {
             }
             let stride = e.stride.load(Ordering::Relaxed);
             let usable = e.usable.load(Ordering::Relaxed);
-            return ((addr - base) % stride < stride - usable).then_some(usable);
+            return Some((addr - (addr - base) % stride, stride, usable));
         }
         None
+    }
+
+    /// If `addr` lies in the usable part of some stack, that part: `(lowest address, top)`.
+    pub(crate) fn usable_range(&self, addr: usize) -> Option<(usize, usize)> {
+        let (bottom, stride, usable) = self.slot_of(addr)?;
+        let low = bottom + stride - usable;
+        (addr >= low).then_some((low, bottom + stride))
+    }
+
+    /// If `addr` lies in a guard page of some stack, the usable size of that stack.
+    /// Async-signal-safe: atomics only.
+    pub(crate) fn guard_hit(&self, addr: usize) -> Option<usize> {
+        let (bottom, stride, usable) = self.slot_of(addr)?;
+        (addr - bottom < stride - usable).then_some(usable)
     }
 }
 
