@@ -53,6 +53,18 @@ fn text(b: &[u8]) -> String {
     String::from_utf8_lossy(b).into_owned()
 }
 
+/// Asserts that a child copy of the test exited successfully after printing "child: ok", and
+/// returns its stdout.
+fn child_ok(out: &Output) -> String {
+    let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
+    assert!(
+        out.status.success() && stdout.contains("child: ok"),
+        "{}\nstdout: {stdout}\nstderr: {stderr}",
+        out.status
+    );
+    stdout
+}
+
 /// Runs `f` on a helper thread and fails the test if it has not returned within `limit`.
 fn within<T: Send + 'static>(limit: Duration, what: &str, f: impl FnOnce() -> T + Send + 'static) -> T {
     let (tx, rx) = mpsc::channel();
@@ -502,12 +514,7 @@ fn running_out_of_stack_memory_is_an_io_error_from_builder_and_a_clear_panic_fro
         return;
     }
     let out = run_child(TEST, "rlimit-as");
-    let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
-    assert!(
-        out.status.success() && stdout.contains("child: ok"),
-        "{}\nstdout: {stdout}\nstderr: {stderr}",
-        out.status
-    );
+    let stdout = child_ok(&out);
     for line in
         ["builder error: ", "spawn panic: failed to spawn fiber: ", "block_on panic: failed to spawn fiber: "]
     {
@@ -573,12 +580,7 @@ fn running_out_of_memory_mappings_is_an_io_error_naming_vm_max_map_count() {
         .env("VT_STACK_GUARD", "mprotect")
         .output()
         .expect("re-exec the test binary");
-    let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
-    assert!(
-        out.status.success() && stdout.contains("child: ok"),
-        "{}\nstdout: {stdout}\nstderr: {stderr}",
-        out.status
-    );
+    let stdout = child_ok(&out);
     let at = stdout.find("error: ").unwrap();
     let msg = stdout[at..].lines().next().unwrap();
     assert!(msg.contains("vm.max_map_count") && msg.contains("sysctl -w vm.max_map_count="), "{msg}");
@@ -671,12 +673,7 @@ fn running_out_of_descriptors_makes_net_calls_fail_and_nothing_hangs() {
         return;
     }
     let out = run_child(TEST, "emfile");
-    let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
-    assert!(
-        out.status.success() && stdout.contains("child: ok"),
-        "{}\nstdout: {stdout}\nstderr: {stderr}",
-        out.status
-    );
+    child_ok(&out);
 }
 
 #[test]
@@ -704,12 +701,7 @@ fn running_out_of_descriptors_is_an_error_naming_the_limit_and_how_to_raise_it()
         return;
     }
     let out = run_child(TEST, "emfile-message");
-    let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
-    assert!(
-        out.status.success() && stdout.contains("child: ok"),
-        "{}\nstdout: {stdout}\nstderr: {stderr}",
-        out.status
-    );
+    child_ok(&out);
 }
 
 // ---- runtime drop ------------------------------------------------------------------------
@@ -867,18 +859,18 @@ fn dropping_a_runtime_closes_its_descriptors_and_joins_its_threads() {
             // Join handles keep the runtime's bookkeeping (its reactor included) alive.
             assert!(server.join().is_err() && client.join().is_err());
             assert_eq!(open_fds(), fds, "round {round}: descriptors left open by a dropped runtime");
-            assert_eq!(threads(), tasks, "round {round}: threads left running by a dropped runtime");
+            // The drop joined every thread it started; the kernel may still list a joined
+            // thread for a moment (its tid is cleared, which ends the join, before the task is
+            // reaped), and nothing signals the end of that: under load it showed 3 tasks for 2.
+            eventually(&format!("round {round}: no thread left running by a dropped runtime"), || {
+                threads() == tasks
+            });
         }
         println!("child: ok");
         return;
     }
     let out = run_child(TEST, "no-leaks");
-    let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
-    assert!(
-        out.status.success() && stdout.contains("child: ok"),
-        "{}\nstdout: {stdout}\nstderr: {stderr}",
-        out.status
-    );
+    child_ok(&out);
 }
 
 /// A fiber that is running when the drop begins (here: inside `vt::blocking`) and then waits on
