@@ -101,5 +101,12 @@ pub(crate) fn fire(rt: &Shared, index: usize, now: u64, try_only: bool) -> usize
         }
     }
     slot.next_deadline.store(t.heap.peek().map_or(u64::MAX, |e| e.at), Ordering::Relaxed);
+    drop(t);
+    if woken > 0 {
+        // One notification for the batch (each costs a fence and a read of the idle counts):
+        // a carrier it wakes steals half of what is queued, and wakes the next if there is
+        // more (`idle.rs`, step 3).
+        rt.notify();
+    }
     woken
 }

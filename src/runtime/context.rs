@@ -56,19 +56,27 @@ pub(crate) fn set_cancelling(f: *const FiberRecord) {
 /// Valid until the caller's next switch point.
 #[inline(never)]
 pub(crate) fn current_fiber() -> *const FiberRecord {
+    running_fiber().0
+}
+
+/// The fiber running on this thread (or null) and whether the runtime's drop is unwinding it,
+/// from one call: `yield_now` and every park ask both at each switch, and each accessor call
+/// is a real call (see the module doc). Valid until the caller's next switch point.
+#[inline(never)]
+pub(crate) fn running_fiber() -> (*const FiberRecord, bool) {
     // A runtime may be dropped (and its fibers unwound) from inside another runtime's fiber:
     // the fiber being unwound is the current one then.
-    let x = cancelling();
+    let x = CANCELLING.with(Cell::get);
     if !x.is_null() {
-        return x;
+        return (x, true);
     }
-    let c = carrier();
+    let c = CARRIER.with(Cell::get);
     if !c.is_null() {
         // SAFETY: a non-null carrier pointer refers to the `Carrier` living on this thread's
         // stack for as long as the thread runs its loop, which encloses every fiber it resumes.
-        return unsafe { (*c).current() };
+        return (unsafe { (*c).current() }, false);
     }
-    std::ptr::null()
+    (std::ptr::null(), false)
 }
 
 /// Reads and updates this plain thread's state. Never called across a switch (plain threads do

@@ -19,11 +19,22 @@ use std::time::{Duration, Instant};
 use corosensei::CoroutineResult;
 use crossbeam_deque::{Steal, Worker};
 
-use super::{RECORD_CACHE, RuntimeRef, STOCK_BATCH, Shared, Wake, bump};
+use super::{CarrierSlot, RECORD_CACHE, RuntimeRef, STOCK_BATCH, Shared, Wake, bump};
 use crate::fiber::park::{self as fpark, FiberId};
 use crate::fiber::stack::{FiberStack, SizeClass};
 use crate::fiber::{Claim, FiberRecord, FiberRef, NO_HOME, Suspend};
 use crate::runtime::context;
+
+/// Aborts the process if dropped: armed around fiber resumes, where a panic is a runtime bug
+/// (see `run_claimed`).
+struct AbortOnUnwind;
+
+impl Drop for AbortOnUnwind {
+    fn drop(&mut self) {
+        eprintln!("virtual-threads: internal error: a fiber's switch panicked; aborting");
+        std::process::abort();
+    }
+}
 
 /// Local deque capacity before half of it spills to the injector (crossbeam's deque grows
 /// without bound, so the cap is ours; 256 as in Go and tokio).
@@ -45,6 +56,9 @@ const REACTOR_POLL_INTERVAL: Duration = Duration::from_millis(1);
 pub(crate) struct Carrier {
     index: usize,
     rt: RuntimeRef,
+    /// `rt.slots[index]`, resolved once: the hot paths reach it several times per switch, and
+    /// the indexing (a bounds check and a multiply behind two loads) showed in the profile.
+    slot: NonNull<CarrierSlot>,
     worker: Worker<FiberRef>,
     /// A compensating carrier beyond the target count: it retires when no longer needed.
     is_spare: bool,
@@ -64,8 +78,10 @@ pub(crate) struct Carrier {
 impl Carrier {
     /// The carrier thread's body.
     pub(crate) fn run(index: usize, rt: RuntimeRef, worker: Worker<FiberRef>) {
+        let slot = NonNull::from(&*rt.slots[index]);
         let c = Carrier {
             index,
+            slot,
             worker,
             is_spare: index >= rt.target,
             lifo_streak: Cell::new(0),
@@ -94,6 +110,12 @@ impl Carrier {
         context::set_carrier(std::ptr::null());
         let stock = c.stock.replace(0);
         c.rt.release_stock(stock);
+    }
+
+    fn slot(&self) -> &CarrierSlot {
+        // SAFETY: `slot` points into `self.rt.slots`, a boxed slice that never moves and lives
+        // as long as the `Shared` that `self.rt` keeps alive.
+        unsafe { self.slot.as_ref() }
     }
 
     pub(crate) fn shared(&self) -> &Shared {
@@ -149,7 +171,7 @@ impl Carrier {
         // SAFETY: the cache is touched only by this thread, in short sections that do not
         // re-enter (no switch point, no user code).
         let cache = unsafe { &mut *self.stacks.get() };
-        let stats = &self.rt.slots[self.index].stats;
+        let stats = &self.slot().stats;
         if let Some(s) = cache.pop() {
             bump(&stats.stack_hits, 1);
             return Ok(s);
@@ -212,7 +234,7 @@ impl Carrier {
 
     /// Makes a fiber of this runtime runnable from this carrier.
     pub(crate) fn schedule_local(&self, f: FiberRef, wake: Wake) {
-        let stats = &self.rt.slots[self.index].stats;
+        let stats = &self.slot().stats;
         match wake {
             Wake::Spawn => bump(&stats.spawned, 1),
             Wake::Unpark | Wake::Timer => {
@@ -238,8 +260,9 @@ impl Carrier {
                     self.rt.notify();
                 }
             }
-            Wake::Yield => self.push_back(f),
-            Wake::Spawn | Wake::Timer => {
+            // A timer wake is one of a batch: `time::fire` notifies once for all of them.
+            Wake::Yield | Wake::Timer => self.push_back(f),
+            Wake::Spawn => {
                 self.push_back(f);
                 self.rt.notify();
             }
@@ -262,13 +285,13 @@ impl Carrier {
                 }
                 moved += 1;
             }
-            bump(&self.rt.slots[self.index].stats.injector_pushes, moved);
+            bump(&self.slot().stats.injector_pushes, moved);
         }
         self.worker.push(f);
     }
 
     fn lifo_take(&self) -> Option<FiberRef> {
-        let slot = &self.rt.slots[self.index].lifo;
+        let slot = &self.slot().lifo;
         if slot.load(Ordering::Relaxed).is_null() {
             return None;
         }
@@ -278,7 +301,7 @@ impl Carrier {
     }
 
     fn lifo_put(&self, f: FiberRef) -> Option<FiberRef> {
-        let p = self.rt.slots[self.index].lifo.swap(FiberRef::into_raw(f), Ordering::AcqRel);
+        let p = self.slot().lifo.swap(FiberRef::into_raw(f), Ordering::AcqRel);
         // SAFETY: as in `lifo_take`.
         unsafe { FiberRef::from_raw(p) }
     }
@@ -339,7 +362,7 @@ impl Carrier {
         // The inbox comes first on every other tick only: a pinned fiber that yields goes back
         // into it, and must not overtake the LIFO slot and the local deque for ever.
         let inbox_first = tick % 2 == 0;
-        let inbox_waiting = || self.rt.slots[self.index].inbox_len.load(Ordering::Relaxed) > 0;
+        let inbox_waiting = || self.slot().inbox_len.load(Ordering::Relaxed) > 0;
         if inbox_first && inbox_waiting() {
             if let Some(f) = self.pop_inbox() {
                 return Some(f);
@@ -366,12 +389,12 @@ impl Carrier {
         let before = self.worker.len();
         let f = self.rt.injector.steal_into(self.index, &self.worker)?;
         let got = 1 + self.worker.len().saturating_sub(before) as u64;
-        bump(&self.rt.slots[self.index].stats.injector_pops, got);
+        bump(&self.slot().stats.injector_pops, got);
         Some(f)
     }
 
     fn pop_inbox(&self) -> Option<FiberRef> {
-        let slot = &self.rt.slots[self.index];
+        let slot = self.slot();
         let mut q = slot.inbox.lock().unwrap_or_else(|e| e.into_inner());
         let f = q.pop_front();
         slot.inbox_len.store(q.len(), Ordering::Relaxed);
@@ -416,7 +439,7 @@ impl Carrier {
                 match vslot.stealer.steal_batch_with_limit_and_pop(&self.worker, limit) {
                     Steal::Success(f) => {
                         let got = 1 + self.worker.len().saturating_sub(before) as u64;
-                        bump(&self.rt.slots[self.index].stats.steals, got);
+                        bump(&self.slot().stats.steals, got);
                         return Some(f);
                     }
                     Steal::Empty => break,
@@ -477,13 +500,13 @@ impl Carrier {
     fn restore(&self, f: &FiberRecord) {
         // SAFETY: we claimed it (exclusive), and the claim cleared `COMPACTED`.
         let bytes = unsafe { f.restore_stack() };
-        let stats = &self.rt.slots[self.index].stats;
+        let stats = &self.slot().stats;
         bump(&stats.restores, 1);
         bump(&stats.restored_bytes, bytes as u64);
     }
 
     fn run_claimed(&self, f: FiberRef) {
-        let slot = &self.rt.slots[self.index];
+        let slot = self.slot();
         self.current.set(FiberRef::as_ptr(&f));
         if !f.started.replace(true) {
             if self.rt.config.pin_started_fibers {
@@ -511,6 +534,11 @@ impl Carrier {
         if let Some(now) = self.rt.clock.stamp() {
             f.since.store(now, Ordering::Relaxed);
         }
+        // The fiber body catches every panic itself; one escaping a resume is a runtime bug,
+        // and unwinding on could drop a half-switched fiber's record. A guard rather than
+        // `catch_unwind`: that costs a call and register spills around every resume, the guard
+        // nothing until it fires.
+        let abort = AbortOnUnwind;
         let after = loop {
             let p = self.progress.get() + 1;
             self.progress.set(p);
@@ -518,13 +546,7 @@ impl Carrier {
             // SAFETY: we popped `f` from a queue (or it was just handed to us), so this carrier
             // is the only one running it: exclusive access to its coroutine.
             let co = unsafe { f.co_mut() }.as_mut().expect("a runnable fiber has its coroutine");
-            // The fiber body catches every panic itself; one escaping here is a runtime bug,
-            // and carrying on could resume a half-switched fiber.
-            let r = catch_unwind(AssertUnwindSafe(|| co.resume(()))).unwrap_or_else(|_| {
-                eprintln!("virtual-threads: internal error: a fiber's switch panicked; aborting");
-                std::process::abort()
-            });
-            match r {
+            match co.resume(()) {
                 CoroutineResult::Yield(Suspend::Yield) => break Some(Suspend::Yield),
                 CoroutineResult::Yield(Suspend::Park) => {
                     bump(&slot.stats.parks, 1);
@@ -536,6 +558,7 @@ impl Carrier {
                 CoroutineResult::Return(()) => break None,
             }
         };
+        std::mem::forget(abort);
         self.switched_out();
         match after {
             Some(Suspend::Yield) => {
@@ -544,7 +567,13 @@ impl Carrier {
                 }
                 f.set_runnable();
                 self.current.set(std::ptr::null());
-                self.schedule_local(f, Wake::Yield);
+                // The common case inline: unpinned, room in the deque (what `schedule_local`
+                // decides for a yield, without its dispatch on the wake kind).
+                if f.home.load(Ordering::Relaxed) == NO_HOME && self.worker.len() < LOCAL_CAP {
+                    self.worker.push(f);
+                } else {
+                    self.schedule_local(f, Wake::Yield);
+                }
             }
             Some(Suspend::Park) => self.current.set(std::ptr::null()),
             None => {
@@ -557,7 +586,7 @@ impl Carrier {
 
     /// Bookkeeping when a fiber leaves this carrier: the supervisor's view and blocking state.
     fn switched_out(&self) {
-        let slot = &self.rt.slots[self.index];
+        let slot = self.slot();
         // This carrier is the only writer of `location`: a load and a store, not a swap (one
         // locked instruction fewer per switch).
         let loc = slot.location.load(Ordering::Relaxed);
@@ -573,7 +602,7 @@ impl Carrier {
     /// The running fiber is about to block this thread (a `blocking` section, or a fiber from a
     /// known-blocking location): count this carrier as blocked and compensate now.
     pub(crate) fn enter_blocking(&self, at: &'static std::panic::Location<'static>) {
-        let slot = &self.rt.slots[self.index];
+        let slot = self.slot();
         slot.location.store(at as *const _ as *mut _, Ordering::Release);
         if !slot.in_blocking.swap(true, Ordering::AcqRel) {
             self.rt.blocked.fetch_add(1, Ordering::AcqRel);
@@ -583,7 +612,7 @@ impl Carrier {
 
     /// The blocking section ended (or its fiber switched out).
     pub(crate) fn exit_blocking(&self) {
-        let slot = &self.rt.slots[self.index];
+        let slot = self.slot();
         if slot.in_blocking.load(Ordering::Relaxed) && slot.in_blocking.swap(false, Ordering::AcqRel) {
             self.rt.blocked.fetch_sub(1, Ordering::AcqRel);
             self.rt.shrink();
@@ -592,7 +621,7 @@ impl Carrier {
 
     /// Marks the current fiber's location again (after a blocking section inside it ended).
     pub(crate) fn set_location(&self, at: &'static std::panic::Location<'static>) {
-        self.rt.slots[self.index].location.store(at as *const _ as *mut _, Ordering::Release);
+        self.slot().location.store(at as *const _ as *mut _, Ordering::Release);
     }
 
     /// A spare that is no longer needed: hand its queued fibers to the others and park until
@@ -605,7 +634,7 @@ impl Carrier {
         }
         self.flush_to_injector();
         self.rt.notify();
-        let slot = &self.rt.slots[self.index];
+        let slot = self.slot();
         while slot.retired.load(Ordering::Acquire) && !self.rt.shutdown.load(Ordering::Acquire) {
             std::thread::park();
         }
@@ -630,13 +659,13 @@ impl Carrier {
         // SAFETY: the fiber just returned on this carrier: nobody else can touch it.
         let co = unsafe { f.co_mut() }.take().expect("a finished fiber had its coroutine");
         self.give_stack(co.into_stack());
-        bump(&self.rt.slots[self.index].stats.finished, 1);
+        bump(&self.slot().stats.finished, 1);
         f.set_done();
     }
 
     /// Fires this carrier's expired timers. Returns how many fibers it woke.
     fn fire_timers(&self) -> usize {
-        let slot = &self.rt.slots[self.index];
+        let slot = self.slot();
         let next = slot.next_deadline.load(Ordering::Relaxed);
         if next == u64::MAX {
             return 0;
@@ -658,14 +687,14 @@ impl Carrier {
                 woken += crate::time::fire(&self.rt, i, now, true);
             }
         }
-        bump(&self.rt.slots[self.index].stats.timer_wakeups, woken as u64);
+        bump(&self.slot().stats.timer_wakeups, woken as u64);
         woken
     }
 
     /// Work that another thread could have made visible since we last looked.
     fn work_visible(&self) -> bool {
         let rt = &self.rt;
-        rt.slots[self.index].inbox_len.load(Ordering::SeqCst) > 0
+        self.slot().inbox_len.load(Ordering::SeqCst) > 0
             || !rt.injector.is_empty()
             || (rt.idle.can_search()
                 && rt.slots[..rt.started()]
@@ -683,7 +712,7 @@ impl Carrier {
         if self.searching.replace(false) {
             idle.stop_search();
         }
-        let slot = &self.rt.slots[self.index];
+        let slot = self.slot();
         // One idle carrier sleeps in epoll_wait as the reactor's poller (so readiness and
         // timers share one wait); the others park their thread. The flag must be up before the
         // carrier registers as a sleeper: whoever pops it from the sleepers list then sees the
@@ -740,7 +769,7 @@ impl Carrier {
         self.last_poll.set(now);
         if let Some(mut p) = self.rt.reactor.try_poller() {
             let n = self.rt.reactor.poll(&mut p, Some(Duration::ZERO));
-            bump(&self.rt.slots[self.index].stats.io_wakeups, n as u64);
+            bump(&self.slot().stats.io_wakeups, n as u64);
         }
     }
 

@@ -57,7 +57,8 @@ pub(crate) enum Wake {
     Yield,
     /// Another fiber woke it: the waker's LIFO slot, so it runs next with warm caches.
     Unpark,
-    /// Its timer expired: back of the local deque.
+    /// Its timer expired: back of the local deque. Timers fire in batches, so the caller
+    /// notifies idle carriers once per batch (`time::fire`), not once per fiber.
     Timer,
 }
 
