@@ -4,8 +4,8 @@
 //! that only its owner takes in the common case, and publishes its earliest deadline in an
 //! atomic so that an idle carrier can sleep exactly until the next timer of any carrier, and
 //! fire timers of a carrier that is busy in a long fiber. Cancellation is lazy: a fiber whose
-//! timed park ended early bumps its `timer_gen`, and the stale entry is discarded when it
-//! expires. See `arch/scheduler.md` (timers).
+//! timed park ended early moves its `timer_gen` on (`disarm`), and the stale entry is discarded
+//! when it expires. See `arch/scheduler.md` (timers).
 
 use std::cmp::Ordering as CmpOrdering;
 use std::collections::BinaryHeap;
@@ -57,9 +57,9 @@ impl TimerHeap {
     }
 }
 
-/// Arms a timer that unparks `rec` at `deadline`, on the carrier running it.
-/// Called by the fiber itself, just before it parks.
-pub(crate) fn arm_timer(rec: &FiberRecord, deadline: Instant) {
+/// Arms a timer that unparks `rec` at `deadline`, on the carrier running it, and returns its
+/// generation (for `disarm`). Called by the fiber itself, just before it parks.
+pub(crate) fn arm_timer(rec: &FiberRecord, deadline: Instant) -> u64 {
     let c = context::carrier();
     debug_assert!(!c.is_null(), "a fiber parks only on a carrier");
     // SAFETY: a fiber runs on a carrier; the pointer is that live carrier, used before the
@@ -78,6 +78,14 @@ pub(crate) fn arm_timer(rec: &FiberRecord, deadline: Instant) {
     if at < slot.next_deadline.load(Ordering::Relaxed) {
         slot.next_deadline.store(at, Ordering::Relaxed);
     }
+    generation
+}
+
+/// Ends a timed park of `rec` armed with `generation`: returns true if the fiber disarmed its
+/// timer, false if the timer had fired (its deadline passed). The fiber and `fire` race with
+/// the same CAS, so exactly one of them ends the timed wait.
+pub(crate) fn disarm(rec: &FiberRecord, generation: u64) -> bool {
+    rec.timer_gen.compare_exchange(generation, generation + 1, Ordering::Relaxed, Ordering::Relaxed).is_ok()
 }
 
 /// Fires the expired timers of carrier `index`'s heap. With `try_only`, gives up if the heap is
@@ -95,8 +103,14 @@ pub(crate) fn fire(rt: &Shared, index: usize, now: u64, try_only: bool) -> usize
     let mut woken = 0;
     while t.heap.peek().is_some_and(|e| e.at <= now) {
         let e = t.heap.pop().expect("peeked");
-        if e.fiber.timer_gen.load(Ordering::Relaxed) == e.generation && e.fiber.notify() {
-            crate::scheduler::schedule(e.fiber, Wake::Timer);
+        // Take the wait's end from the fiber (see `disarm`); a fiber that disarmed first, or
+        // parks again already, keeps it. Waking a fiber that is not parked yet (still switching
+        // out) leaves its token, which ends the park at once.
+        if disarm(&e.fiber, e.generation) && e.fiber.notify() {
+            // SAFETY: `notify` returned true: we moved the fiber from parked to runnable. The
+            // entry's own reference drops at the end of this block.
+            let run = unsafe { FiberRef::take_parked_ref(&e.fiber) };
+            crate::scheduler::schedule(run, Wake::Timer);
             woken += 1;
         }
     }

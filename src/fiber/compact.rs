@@ -400,7 +400,10 @@ impl Compactor {
             if c.fiber.end_compaction(true) {
                 // An unpark came while we held it; it left the scheduling to us.
                 bump(&rt.compaction.unparks_met, 1);
-                crate::scheduler::schedule(c.fiber, Wake::Unpark);
+                // SAFETY: `end_compaction` returned true: we made the fiber runnable. Our own
+                // reference (`c.fiber`) drops with `c`.
+                let run = unsafe { FiberRef::take_parked_ref(&c.fiber) };
+                crate::scheduler::schedule(run, Wake::Unpark);
             }
         }
     }
@@ -417,7 +420,10 @@ fn later(d: Duration) -> Instant {
 fn let_go(rt: &Shared, fiber: FiberRef) {
     if fiber.end_compaction(false) {
         bump(&rt.compaction.unparks_met, 1);
-        crate::scheduler::schedule(fiber, Wake::Unpark);
+        // SAFETY: `end_compaction` returned true: we made the fiber runnable; `fiber`, our own
+        // reference, drops on return.
+        let run = unsafe { FiberRef::take_parked_ref(&fiber) };
+        crate::scheduler::schedule(run, Wake::Unpark);
     }
 }
 

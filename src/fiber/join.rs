@@ -127,7 +127,7 @@ pub(crate) fn complete(rec: &FiberRecord) {
             // SAFETY: WAITING means the joiner stored its handle before its Release CAS, which
             // our Acquire swap observed; the joiner does not touch it again until DONE.
             if let Some(w) = unsafe { (*rec.waiter.get()).take() } {
-                w.unpark();
+                w.unpark_joiner();
             }
         }
         Completion::DropResult => {

@@ -86,7 +86,10 @@ pub(crate) const STAGE_SAVED: u8 = 3;
 /// the fields that describe one fiber are rewritten in `init` while the record is unreachable
 /// (reference count zero, sitting in a pool), so other threads see them only as immutable.
 pub(crate) struct FiberRecord {
-    /// References (`FiberRef`s); at zero the record goes back to its runtime's pool.
+    /// References (`FiberRef`s); at zero the record goes back to its runtime's pool. Besides
+    /// the handles, a live fiber holds one to itself and one *run reference*: held by the queue
+    /// entry, the carrier running it, or, while parked, by the parked state itself (see
+    /// `FiberRef::take_parked_ref`).
     refs: AtomicUsize,
     /// State word: `RUNNING | RUNNABLE | PARKED | DONE`, plus the `NOTIFIED` flag.
     state: StateWord,
@@ -119,8 +122,9 @@ pub(crate) struct FiberRecord {
     /// Release/Acquire hand-off.
     pub(crate) home: AtomicUsize,
     pub(crate) pin_depth: Cell<u32>,
-    /// Bumped when a timed park ends, so a late timer does not wake a later park. Never reset,
-    /// not even when the record is reused.
+    /// Moved on (a CAS from the armed value) by whichever of the fiber and its timer ends a
+    /// timed park first (`time::disarm`), so a late timer does not wake a later park and the
+    /// fiber knows when its deadline passed. Never reset, not even when the record is reused.
     pub(crate) timer_gen: AtomicU64,
     /// Set before the runtime's drop unwinds this fiber.
     pub(crate) cancelled: AtomicBool,
@@ -531,6 +535,20 @@ impl FiberRef {
 }
 
 impl FiberRef {
+    /// The run reference of a fiber that the caller just made runnable from parked (a
+    /// `notify` or `end_compaction` that returned true). The carrier that parked the fiber
+    /// left its own reference with the parked fiber instead of dropping it
+    /// (`Carrier::run_claimed`), and whoever makes it runnable takes that reference over: a
+    /// park and the unpark that ends it touch the count not at all (they cost a locked
+    /// decrement and increment on the record's line before).
+    ///
+    /// # Safety
+    /// The caller won the fiber's transition from parked to runnable (only one party can),
+    /// and takes its reference once for that transition.
+    pub(crate) unsafe fn take_parked_ref(r: &FiberRecord) -> FiberRef {
+        FiberRef(NonNull::from(r))
+    }
+
     /// Drops `this` (the carrier's reference to a fiber that just finished) together with the
     /// fiber's reference to itself: one atomic operation for both.
     pub(crate) fn release_finished(this: FiberRef) {

@@ -17,6 +17,7 @@ use std::time::{Duration, Instant};
 use super::{FiberRecord, FiberRef, Suspend};
 use crate::diagnostics::{PlainCall, WAIT_TIMED, WaitReason};
 use crate::runtime::context;
+use crate::scheduler::Wake;
 
 /// A fiber's identifier: unique for the life of the process, never reused, and ordered by
 /// creation within each carrier's block of ids (blocks are handed out in increasing order).
@@ -110,6 +111,15 @@ impl Fiber {
         }
     }
 
+    /// Wakes a fiber waiting in `join` for a fiber that just finished: it goes to the back of
+    /// the run queue, not into the LIFO slot (see `Wake::Joiner`).
+    pub(crate) fn unpark_joiner(&self) {
+        match &self.inner {
+            Inner::Fiber(r) => wake_record(r, Wake::Joiner),
+            Inner::Thread(t, _) => t.unpark(),
+        }
+    }
+
     pub(crate) fn record(&self) -> Option<&FiberRef> {
         match &self.inner {
             Inner::Fiber(r) => Some(r),
@@ -125,8 +135,14 @@ impl fmt::Debug for Fiber {
 }
 
 pub(crate) fn unpark_record(r: &FiberRef) {
+    wake_record(r, Wake::Unpark);
+}
+
+fn wake_record(r: &FiberRef, wake: Wake) {
     if r.notify() {
-        crate::scheduler::schedule(r.clone(), crate::scheduler::Wake::Unpark);
+        // SAFETY: `notify` returned true: we moved the fiber from parked to runnable.
+        let run = unsafe { FiberRef::take_parked_ref(r) };
+        crate::scheduler::schedule(run, wake);
     }
 }
 
@@ -179,7 +195,9 @@ pub fn park_timeout(dur: Duration) {
 /// a finishing fiber can end).
 pub(crate) fn park_for(reason: WaitReason, deadline: Option<Instant>) {
     match running() {
-        Some((rec, cancelling)) => park_fiber(rec, cancelling, reason, deadline),
+        Some((rec, cancelling)) => {
+            park_fiber(rec, cancelling, reason, deadline);
+        }
         None => {
             let _call = (!reason.waits_for_fibers()).then(PlainCall::enter);
             match deadline {
@@ -190,10 +208,12 @@ pub(crate) fn park_for(reason: WaitReason, deadline: Option<Instant>) {
     }
 }
 
+/// Returns true when the park ended because its deadline passed (its timer fired), so that a
+/// sleep need not read the clock again.
 #[inline(never)]
-fn park_fiber(rec: &FiberRecord, cancelling: bool, reason: WaitReason, deadline: Option<Instant>) {
+fn park_fiber(rec: &FiberRecord, cancelling: bool, reason: WaitReason, deadline: Option<Instant>) -> bool {
     if rec.take_token() {
-        return;
+        return false;
     }
     if cancelling {
         // The runtime is being dropped and is unwinding this fiber on the dropping thread:
@@ -203,24 +223,22 @@ fn park_fiber(rec: &FiberRecord, cancelling: bool, reason: WaitReason, deadline:
         if !crate::runtime::cancel_one(rec.runtime()) {
             std::thread::sleep(Duration::from_millis(1)); // waits on a plain thread, if anything
         }
-        return;
+        return false;
     }
     if std::thread::panicking() {
         park_unwinding(rec, deadline);
-        return;
+        return false;
     }
     rec.wait.store(reason.code() | if deadline.is_some() { WAIT_TIMED } else { 0 }, Ordering::Relaxed);
     if let Some(now) = rec.runtime().clock.stamp() {
         rec.since.store(now, Ordering::Relaxed);
     }
-    if let Some(d) = deadline {
-        crate::time::arm_timer(rec, d);
-    }
+    let armed = deadline.map(|d| crate::time::arm_timer(rec, d));
     rec.suspend(Suspend::Park);
-    if deadline.is_some() {
-        // Disarm: a timer that fires now must not wake a later park.
-        rec.timer_gen.fetch_add(1, Ordering::Relaxed);
-    }
+    // Disarm, unless the timer fired: the timer and this fiber race to move the generation on
+    // (`time::fire`), and whoever wins owns the park's end. A timer that fires later must not
+    // wake a later park.
+    armed.is_some_and(|g| !crate::time::disarm(rec, g))
 }
 
 /// A park while the fiber unwinds: wait on this carrier thread without switching.
@@ -270,8 +288,9 @@ pub fn sleep(dur: Duration) {
     };
     if now < deadline {
         // The first park without a second clock read (one per sleep showed in W7's profile).
-        park_fiber(rec, cancelling, WaitReason::Sleep, Some(deadline));
-        if !context::cancelling().is_null() {
+        // Its own timer woke it: the deadline has passed, no need to read the clock again.
+        if park_fiber(rec, cancelling, WaitReason::Sleep, Some(deadline)) || !context::cancelling().is_null()
+        {
             return;
         }
     }
@@ -286,7 +305,11 @@ pub fn sleep_until(deadline: Instant) {
             return;
         }
         match running() {
-            Some((rec, cancelling)) => park_fiber(rec, cancelling, WaitReason::Sleep, Some(deadline)),
+            Some((rec, cancelling)) => {
+                if park_fiber(rec, cancelling, WaitReason::Sleep, Some(deadline)) {
+                    return;
+                }
+            }
             None => {
                 let _call = PlainCall::enter();
                 std::thread::sleep(deadline - now);

@@ -306,7 +306,22 @@ impl FiberStack {
     pub(crate) fn class(&self) -> &'static SizeClass {
         self.class
     }
+
+    /// Starts loading the top of this stack into the cache: the carrier calls it for the stack
+    /// it will hand out next. A first run writes about 500 bytes down from the top (the
+    /// coroutine's initial frame, the fiber's entry, a park), and when thousands of fibers are
+    /// live at once (W6, W7) every one of those lines, and the page's translation, misses.
+    #[inline]
+    pub(crate) fn prefetch_top(&self) {
+        let top = self.bottom + self.class.stride;
+        for line in 1..=PREFETCH_LINES {
+            crate::platform::prefetch(top - line * 64);
+        }
+    }
 }
+
+/// Cache lines `FiberStack::prefetch_top` asks for.
+const PREFETCH_LINES: usize = 8;
 
 impl Drop for FiberStack {
     fn drop(&mut self) {

@@ -13,6 +13,20 @@ use std::sync::OnceLock;
 /// `MADV_GUARD_INSTALL` (Linux 6.13, uapi `asm-generic/mman-common.h`); libc 0.2 does not export it.
 const MADV_GUARD_INSTALL: libc::c_int = 102;
 
+/// Asks the CPU to start loading the cache line at `addr` (and its address translation): a
+/// hint that never faults, whatever the address. A no-op where we have no stable intrinsic.
+#[inline(always)]
+pub(crate) fn prefetch(addr: usize) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: `prefetcht0` only hints the cache; it does not access memory architecturally and
+    // cannot fault, even for an unmapped address.
+    unsafe {
+        core::arch::x86_64::_mm_prefetch::<{ core::arch::x86_64::_MM_HINT_T0 }>(addr as *const i8)
+    };
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = addr;
+}
+
 /// The system page size, read once.
 pub(crate) fn page_size() -> usize {
     static PAGE: OnceLock<usize> = OnceLock::new();

@@ -270,6 +270,11 @@ fn cancel(f: FiberRef) {
         return; // finished, or being unwound further up this thread's stack
     }
     f.runtime().remote.finished.fetch_add(1, Ordering::Relaxed);
+    // A parked fiber holds its run reference (`FiberRef::take_parked_ref`). Moving it to
+    // runnable here takes that reference over, and leaves any unpark that comes during the
+    // unwind (another fiber's destructor) a token rather than a fiber to queue.
+    // SAFETY: `notify` returned true: we moved it from parked to runnable.
+    let run = f.notify().then(|| unsafe { FiberRef::take_parked_ref(&f) });
     if f.take_compacted() {
         // Its stack must be back in place before the unwind runs on it.
         // SAFETY: every carrier and the supervisor (the compactor) have stopped, and this
@@ -313,6 +318,7 @@ fn cancel(f: FiberRef) {
         }
     }
     FiberRecord::finish_now(&f);
+    drop(run);
 }
 
 /// The process-wide default runtime, started on first use (by `vt::spawn` and friends called

@@ -57,6 +57,10 @@ pub(crate) enum Wake {
     Yield,
     /// Another fiber woke it: the waker's LIFO slot, so it runs next with warm caches.
     Unpark,
+    /// The fiber it was joining finished: back of the local deque. A joiner woken into the
+    /// LIFO slot ran before its next child, found it unfinished and parked again, once per
+    /// child (W1, W7); behind the queue it finds most of them done.
+    Joiner,
     /// Its timer expired: back of the local deque. Timers fire in batches, so the caller
     /// notifies idle carriers once per batch (`time::fire`), not once per fiber.
     Timer,
@@ -659,7 +663,7 @@ pub(crate) fn schedule(f: FiberRef, wake: Wake) {
         }
     }
     let rt = f.runtime().clone();
-    if wake == Wake::Unpark {
+    if matches!(wake, Wake::Unpark | Wake::Joiner) {
         rt.remote.unparks.fetch_add(1, Ordering::Relaxed);
     }
     rt.schedule_remote(f);
