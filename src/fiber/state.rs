@@ -4,7 +4,7 @@
 //! ```text
 //!   spawn ──► RUNNABLE ──(carrier pops it)──► RUNNING ──(returns)──► DONE
 //!                ▲                             │   │
-//!                │ unpark: PARKED → RUNNABLE    │   └─(yield_now)──► RUNNABLE (back of a queue)
+//!                │ unpark: PARKED → RUNNABLE    │   └─(yield_now)──► stays RUNNING, queued
 //!                └──────────── PARKED ◄─────────┘ park (the carrier CASes RUNNING → PARKED
 //!                                                  after the switch, so a fiber is never
 //!                                                  resumed while it is still switching out)
@@ -134,11 +134,6 @@ impl StateWord {
     /// claiming them). Returns whether it was set.
     pub(crate) fn take_compacted(&self) -> bool {
         self.0.fetch_and(!COMPACTED, Ordering::Acquire) & COMPACTED != 0
-    }
-
-    /// Carrier side, after the fiber switched out with `Suspend::Yield`.
-    pub(crate) fn set_runnable(&self) {
-        self.0.fetch_or(RUNNABLE, Ordering::Release);
     }
 
     /// Carrier side, after the fiber switched out with `Suspend::Park`. Returns false when a
@@ -314,8 +309,9 @@ mod loom_tests {
         }
 
         /// `Carrier::run_claimed`: run it; after a park, mark it parked unless a token waits.
-        /// A yield makes it runnable, and this carrier claims it again, as if it had popped it
-        /// from its queue (a concurrent unpark leaves its token across the claim).
+        /// A yield leaves the word `RUNNING` (`FiberRecord::set_yielded`), and this carrier
+        /// runs it again, as if it had popped it from its queue (a concurrent unpark leaves its
+        /// token across the yield).
         fn run_claimed(&self) {
             loop {
                 match self.run_slice() {
@@ -323,10 +319,7 @@ mod loom_tests {
                         self.state.set_done();
                         return;
                     }
-                    Switch::Yield => {
-                        self.state.set_runnable();
-                        assert_eq!(self.state.try_claim(), Claim::Claimed, "a yielded fiber is claimable");
-                    }
+                    Switch::Yield => {}
                     Switch::Park if self.state.try_set_parked() => return,
                     Switch::Park => {
                         self.by_failed_park.fetch_add(1, Ordering::Relaxed);

@@ -579,7 +579,7 @@ impl Carrier {
                 if let Some(now) = self.rt.clock.stamp() {
                     f.since.store(now, Ordering::Relaxed);
                 }
-                f.set_runnable();
+                f.set_yielded();
                 self.current.set(std::ptr::null());
                 // The common case inline: unpinned, room in the deque (what `schedule_local`
                 // decides for a yield, without its dispatch on the wake kind).
