@@ -157,6 +157,9 @@ pub(crate) struct FiberRecord {
     pub(crate) blocking_depth: Cell<u32>,
     /// Call site of the outermost `blocking` section (or the spawn site, when known-blocking).
     pub(crate) blocking_at: Cell<Option<&'static Location<'static>>>,
+    /// The next fiber in the injector chain this fiber is linked into, or null (always null
+    /// outside a chain). Touched only by the holder of the fiber's run-queue entry: [6] below.
+    pub(crate) next: Cell<*mut FiberRecord>,
 }
 
 // Why: the `Coroutine` is `!Send` because the data on its stack may be `!Send`; the runtime
@@ -169,7 +172,9 @@ pub(crate) struct FiberRecord {
 // [3] the join protocol, whose state word orders `waiter` and `stage` (see `join.rs`), or
 // [4] the runtime's drop after all carriers have stopped, or [5] the compactor while it holds
 // the parked fiber in the `COMPACTING` state (`compact.rs`: it reads `lent` and puts the saved
-// stack in the stage; the state word's Acquire/Release hand the fiber over, as to a carrier).
+// stack in the stage; the state word's Acquire/Release hand the fiber over, as to a carrier), or
+// [6] for `next`, the holder of the fiber's one run-queue entry: the injector chain that owns it,
+// under its shard's lock when it is a shard's (`scheduler/injector.rs` says why one exists).
 // `id`, `name`, `spawned_at`, `class` and `runtime` are written only in [2] and read-only while
 // the record is live.
 // SAFETY: by the argument above.
@@ -241,6 +246,7 @@ impl FiberRecord {
             lent: Cell::new(0),
             blocking_depth: Cell::new(0),
             blocking_at: Cell::new(None),
+            next: Cell::new(std::ptr::null_mut()),
         });
         NonNull::from(Box::leak(rec))
     }

@@ -19,6 +19,7 @@ use std::time::{Duration, Instant};
 use corosensei::CoroutineResult;
 use crossbeam_deque::{Steal, Worker};
 
+use super::injector::Chain;
 use super::{CarrierSlot, RECORD_CACHE, RuntimeRef, STOCK_BATCH, Shared, Wake, bump};
 use crate::fiber::park::{self as fpark, FiberId};
 use crate::fiber::stack::{FiberStack, SizeClass};
@@ -283,15 +284,16 @@ impl Carrier {
             return;
         }
         if self.worker.len() >= LOCAL_CAP {
-            let mut moved = 0;
+            // Linked privately, then appended under one lock: no allocation, one acquisition.
+            let mut spill = Chain::new();
             for _ in 0..LOCAL_CAP / 2 {
                 match self.worker.pop() {
-                    Some(old) => self.rt.injector.push(self.index, old),
+                    Some(old) => spill.push(old),
                     None => break,
                 }
-                moved += 1;
             }
-            bump(&self.slot().stats.injector_pushes, moved);
+            bump(&self.slot().stats.injector_pushes, spill.len() as u64);
+            self.rt.injector.push_batch(self.index, spill);
         }
         self.worker.push(f);
     }
@@ -660,18 +662,20 @@ impl Carrier {
     }
 
     fn flush_to_injector(&self) {
+        let mut rest = Chain::new();
         if let Some(f) = self.lifo_take() {
             if f.home.load(Ordering::Relaxed) == self.index {
                 // Pinned here (woken into the LIFO slot): it may run nowhere else, so it goes to
                 // this carrier's inbox, which brings a retiring spare back (`Shared::revive`).
                 self.rt.push_inbox(self.index, f);
             } else {
-                self.rt.injector.push(self.index, f);
+                rest.push(f);
             }
         }
         while let Some(f) = self.worker.pop() {
-            self.rt.injector.push(self.index, f);
+            rest.push(f);
         }
+        self.rt.injector.push_batch(self.index, rest);
     }
 
     fn finish(&self, f: &FiberRef) {
