@@ -214,17 +214,30 @@ impl Drop for Runtime {
             rt.shutdown.store(true, Ordering::Release);
             return;
         }
-        rt.shutdown.store(true, Ordering::Release);
+        // SeqCst: a carrier about to sleep in the reactor raises `on_reactor`, then reads
+        // `shutdown` (both SeqCst); `unpark_carrier` below reads `on_reactor` after this store.
+        // Either the carrier sees the shutdown, or we see it polling and wake the reactor.
+        rt.shutdown.store(true, Ordering::SeqCst);
         crate::diagnostics::forget_sigquit(rt);
         if let Some(t) = self.supervisor.take() {
             t.thread().unpark();
             let _ = t.join();
         }
-        // The supervisor is gone, so no carrier starts from here on.
+        // Every carrier there will ever be: `start_carrier` looks at `shutdown` and registers
+        // the thread it spawns under this lock, so from here on none starts. (The supervisor
+        // is not the only one to start carriers: a carrier whose fiber enters `vt::blocking`
+        // compensates too, and one started that way just after this took the list was never
+        // joined and kept running fibers while `cancel_all` ran: bug 10 in
+        // `arch/reliability.md`.)
+        let threads = std::mem::take(&mut *rt.threads.lock().unwrap_or_else(|e| e.into_inner()));
         for i in 0..rt.started() {
             rt.unpark_carrier(i);
         }
-        let threads = std::mem::take(&mut *rt.threads.lock().unwrap_or_else(|e| e.into_inner()));
+        for t in &threads {
+            // A carrier that has only just started may not have published its `Thread` in its
+            // slot yet (what `unpark_carrier` uses): its handle reaches it all the same.
+            t.thread().unpark();
+        }
         for t in threads {
             let _ = t.join();
         }
@@ -344,4 +357,58 @@ pub(crate) fn with_current_runtime<R>(f: impl FnOnce(&RuntimeRef) -> R) -> R {
         return f(unsafe { (*c).runtime_ref() });
     }
     f(default_runtime().handle.runtime())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::Ordering;
+    use std::sync::{Arc, mpsc};
+    use std::time::{Duration, Instant};
+
+    use crate::scheduler::test_hooks::CARRIER_SPAWNED;
+
+    /// A carrier that compensation starts while the runtime is being dropped is joined by the
+    /// drop, like every other (bug 10 in `arch/reliability.md`). Before the fix, the drop could
+    /// take the list of carrier threads to join between the spawn of such a carrier and its
+    /// registration: never joined, the carrier went on running fibers while the drop unwound
+    /// the others, and the ones it held then (running, or in its local deque) were never
+    /// unwound, which hung `tests/stress.rs`. That window is a few instructions wide; the hook
+    /// holds the compensating carrier in it until the drop has begun and has either taken the
+    /// list or is kept from it by the lock this thread holds. Before the fix this failed every
+    /// time ("1 carrier thread(s) ... never joined").
+    #[test]
+    fn a_carrier_started_while_the_runtime_drops_is_joined() {
+        let rt = crate::Runtime::builder().carriers(1).max_carriers(2).build().unwrap();
+        let handle = rt.handle();
+        let me = handle.runtime().ptr() as usize;
+        let (spawned_tx, spawned_rx) = mpsc::sync_channel::<()>(1);
+        *CARRIER_SPAWNED.lock().unwrap() = Some(Arc::new(move |rt, index| {
+            if std::ptr::from_ref(rt) as usize != me || index != 1 {
+                return; // another test's runtime, or a carrier the runtime starts with
+            }
+            let _ = spawned_tx.try_send(());
+            // A generous bound, so that a broken test fails instead of hanging.
+            let limit = Instant::now() + Duration::from_secs(30);
+            while Instant::now() < limit {
+                if rt.shutdown.load(Ordering::Acquire) {
+                    match rt.threads.try_lock() {
+                        Ok(threads) if threads.is_empty() => return, // the drop took them
+                        Ok(_) => {}
+                        Err(_) => return, // held: by this thread (the fix), or the drop taking them
+                    }
+                }
+                std::thread::yield_now();
+            }
+        }));
+        // Its `blocking` call makes the only carrier count as blocked: compensation starts
+        // carrier 1, and the hook stops it there.
+        let blocker = rt.spawn(|| crate::blocking(|| ()));
+        let started = spawned_rx.recv_timeout(Duration::from_secs(30));
+        drop(rt);
+        *CARRIER_SPAWNED.lock().unwrap() = None;
+        started.expect("compensation started a second carrier");
+        assert!(blocker.join().is_ok(), "the fiber that compensated was running: it finishes");
+        let left = handle.runtime().threads.lock().unwrap().len();
+        assert_eq!(left, 0, "{left} carrier thread(s) started during the drop were never joined");
+    }
 }

@@ -281,8 +281,23 @@ impl Shared {
         self.started.load(Ordering::Acquire)
     }
 
-    /// Starts the carrier thread of slot `i` (its deque waits in `unstarted`).
+    /// Starts the carrier thread of slot `i` (its deque waits in `unstarted`), unless the
+    /// runtime is shutting down.
+    ///
+    /// The spawn and the registration of the thread for the drop to join happen under the
+    /// `threads` lock, after a look at `shutdown` under it too. The drop sets `shutdown`, then
+    /// takes the threads to join under that lock, so a carrier either is in what it takes or
+    /// is never started. Registered outside the lock, a carrier that a fiber's `vt::blocking`
+    /// started could come just after the drop took the list: never joined, it kept running
+    /// fibers while the drop unwound the others, and whatever it held when it stopped was
+    /// never unwound (found by `tests/stress.rs`; `arch/reliability.md`, bug 10).
     pub(crate) fn start_carrier(&self, i: usize, core: Option<core_affinity::CoreId>) -> std::io::Result<()> {
+        let mut threads = self.threads.lock().unwrap_or_else(|e| e.into_inner());
+        if self.shutdown.load(Ordering::Acquire) {
+            // The drop has taken (or will take) the threads to join: start nothing more. The
+            // fibers this would have run are unwound by the drop.
+            return Ok(());
+        }
         let Some(worker) = self.unstarted.lock().unwrap_or_else(|e| e.into_inner())[i].take() else {
             // Another thread compensating at the same time started this slot first: the
             // caller's loop sees the new carrier in `active` and stops.
@@ -304,9 +319,12 @@ impl Shared {
             rt.slots[i].tid.store(unsafe { libc::gettid() }, Ordering::Relaxed);
             carrier::Carrier::run(i, rt, worker);
         });
+        #[cfg(test)]
+        test_hooks::carrier_spawned(self, i);
         match spawned {
             Ok(t) => {
-                self.threads.lock().unwrap_or_else(|e| e.into_inner()).push(t);
+                threads.push(t);
+                drop(threads);
                 self.peak.fetch_max(self.active.load(Ordering::Relaxed), Ordering::Relaxed);
                 Ok(())
             }
@@ -667,4 +685,25 @@ pub(crate) fn schedule(f: FiberRef, wake: Wake) {
         rt.remote.unparks.fetch_add(1, Ordering::Relaxed);
     }
     rt.schedule_remote(f);
+}
+
+/// Test-only hooks into interleavings that are otherwise a few instructions wide.
+#[cfg(test)]
+pub(crate) mod test_hooks {
+    use std::sync::{Arc, Mutex};
+
+    use super::Shared;
+
+    type Hook = Arc<dyn Fn(&Shared, usize) + Send + Sync>;
+
+    /// Run by `start_carrier` once the thread of slot `index` is spawned, before it is
+    /// registered for the runtime's drop to join (with the `threads` lock held).
+    pub(crate) static CARRIER_SPAWNED: Mutex<Option<Hook>> = Mutex::new(None);
+
+    pub(super) fn carrier_spawned(rt: &Shared, index: usize) {
+        let hook = CARRIER_SPAWNED.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        if let Some(hook) = hook {
+            hook(rt, index);
+        }
+    }
 }
