@@ -50,7 +50,7 @@ const STACK_CACHE: usize = 64;
 /// Rounds of re-searching before a carrier without work parks its thread.
 const SPIN_ROUNDS: u32 = 8;
 /// Rounds in which a searcher leaves a busy carrier's only queued fiber alone (see
-/// `find_work`); with the spins between rounds, about a microsecond.
+/// `find_work`); with the backoff between rounds, a few microseconds at most.
 const PATIENT_ROUNDS: u32 = 3;
 /// Most references a carrier keeps in stock.
 const MAX_STOCK: usize = 4 * STOCK_BATCH;
