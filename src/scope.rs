@@ -82,16 +82,6 @@ where
         scope: PhantomData,
         env: PhantomData,
     };
-    // The wait below, kept if it is unwound (the runtime's drop unwinds a fiber parked in it):
-    // the scoped fibers borrow from the frames this unwind is about to drop (bug 11 in
-    // `arch/reliability.md`).
-    struct WaitForScoped<'a>(&'a ScopeData);
-    impl Drop for WaitForScoped<'_> {
-        fn drop(&mut self) {
-            wait_until(crate::diagnostics::WaitReason::Scope, || self.0.running.load(Ordering::Acquire) == 0);
-        }
-    }
-    let _wait = WaitForScoped(&scope.data);
     let result = catch_unwind(AssertUnwindSafe(|| f(&scope)));
     while scope.data.running.load(Ordering::Acquire) != 0 {
         crate::fiber::park::park_for(crate::diagnostics::WaitReason::Scope, None);
@@ -161,16 +151,6 @@ impl<T> fmt::Debug for ScopedJoinHandle<'_, T> {
     }
 }
 
-/// Parks until `done()`, polling: for guards that run while their frame unwinds, when nothing
-/// may be left to wake them (a park during the runtime's drop unwinds another fiber and
-/// returns, see `park_fiber`; elsewhere the 1 ms timeout re-checks).
-pub(crate) fn wait_until(reason: crate::diagnostics::WaitReason, done: impl Fn() -> bool) {
-    while !done() {
-        let again = std::time::Instant::now() + std::time::Duration::from_millis(1);
-        crate::fiber::park::park_for(reason, Some(again));
-    }
-}
-
 /// Runs `a` and `b` potentially in parallel and returns both results, like `rayon::join`:
 /// `b` becomes a fiber other carriers can steal while the caller runs `a` itself.
 ///
@@ -193,8 +173,6 @@ where
         Builder::new().spawn_unchecked_at(rt, b, at, None)
     })
     .unwrap_or_else(|e| panic!("failed to spawn fiber: {e}"));
-    // If the join below is unwound, `b` must still be done with this frame before it goes.
-    let _finish = hb.finish_first();
     let ra = catch_unwind(AssertUnwindSafe(a));
     let rb = hb.join();
     match (ra, rb) {

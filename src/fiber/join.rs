@@ -149,23 +149,6 @@ fn scope_done(rec: &FiberRecord, unhandled_panic: bool) {
     }
 }
 
-/// Waits, when dropped, until a fiber that borrows from the dropping frame has finished with
-/// its borrows (its result is published: `DONE`, or `TAKEN` once joined). On the normal path
-/// the join came first and this is one load. It matters when the join itself is unwound: the
-/// runtime's drop unwinds a fiber parked in a join, and without this the frame its child
-/// borrows from went away while the child still ran, or was unwound later and read freed
-/// memory in its destructors (`arch/reliability.md`, bug 11). During that drop each park below
-/// unwinds another fiber first (`park_fiber`), so the wait ends.
-pub(crate) struct FinishFirst(super::FiberRef);
-
-impl Drop for FinishFirst {
-    fn drop(&mut self) {
-        crate::scope::wait_until(crate::diagnostics::WaitReason::Join, || {
-            matches!(self.0.join.load(Ordering::Acquire), DONE | TAKEN)
-        });
-    }
-}
-
 /// An owned permission to join a fiber (wait for it to finish and take its result), like
 /// `std::thread::JoinHandle`. Dropping it detaches the fiber, which keeps running.
 pub struct JoinHandle<T> {
@@ -195,12 +178,6 @@ impl<T> JoinHandle<T> {
         mark_taken(&rec.join);
         scope_done(rec, false);
         r
-    }
-
-    /// A guard for a caller whose frame this fiber borrows (`block_on`, `vt::join`): see
-    /// [`FinishFirst`].
-    pub(crate) fn finish_first(&self) -> FinishFirst {
-        FinishFirst(self.fiber.record().expect("a join handle refers to a fiber").clone())
     }
 
     /// Whether the fiber has finished (its result is ready); does not block.

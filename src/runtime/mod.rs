@@ -169,9 +169,6 @@ impl Handle {
             Ok(h) => h,
             Err(e) => panic!("failed to spawn fiber: {e}"),
         };
-        // If the join is unwound (a fiber calling `block_on` and the runtime being dropped),
-        // the fiber must still be done with what `f` borrows from this frame.
-        let _finish = h.finish_first();
         match h.join() {
             Ok(v) => v,
             Err(p) => resume_unwind(p),
