@@ -287,8 +287,8 @@ pub fn sleep(dur: Duration) {
         return;
     };
     if now < deadline {
-        // The first park without a second clock read (one per sleep showed in W7's profile).
-        // Its own timer woke it: the deadline has passed, no need to read the clock again.
+        // The first park without a second clock read (one per sleep showed in W7's profile);
+        // if its own timer ended it, the deadline has passed and there is nothing to re-check.
         if park_fiber(rec, cancelling, WaitReason::Sleep, Some(deadline)) || !context::cancelling().is_null()
         {
             return;

@@ -2,7 +2,7 @@
 
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
-use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 pub(crate) use libc::epoll_event as Event;
@@ -37,8 +37,9 @@ pub(crate) fn epoll_del(ep: &OwnedFd, fd: i32) -> io::Result<()> {
     Ok(())
 }
 
-/// Whether the kernel has `epoll_pwait2` (Linux 5.11): 0 not known yet, 1 yes, 2 no.
-static PWAIT2: AtomicU8 = AtomicU8::new(0);
+/// Set once `epoll_pwait2` (Linux 5.11) answered ENOSYS; only ever written that once, so the
+/// pollers of every runtime read it without sharing a written line.
+static NO_PWAIT2: AtomicBool = AtomicBool::new(false);
 
 /// Waits for events; `None` waits for ever. Returns the number of events written into `events`.
 ///
@@ -48,7 +49,7 @@ static PWAIT2: AtomicU8 = AtomicU8::new(0);
 /// fallback for kernels older than 5.11.
 pub(crate) fn epoll_wait(ep: &OwnedFd, events: &mut [Event], timeout: Option<Duration>) -> io::Result<usize> {
     let n = match timeout {
-        Some(d) if PWAIT2.load(Ordering::Relaxed) != 2 => {
+        Some(d) if !NO_PWAIT2.load(Ordering::Relaxed) => {
             let ts = libc::timespec {
                 tv_sec: d.as_secs().min(libc::time_t::MAX as u64) as libc::time_t,
                 tv_nsec: d.subsec_nanos() as _,
@@ -68,10 +69,9 @@ pub(crate) fn epoll_wait(ep: &OwnedFd, events: &mut [Event], timeout: Option<Dur
                 )
             };
             if n < 0 && io::Error::last_os_error().raw_os_error() == Some(libc::ENOSYS) {
-                PWAIT2.store(2, Ordering::Relaxed);
+                NO_PWAIT2.store(true, Ordering::Relaxed);
                 return epoll_wait(ep, events, timeout);
             }
-            PWAIT2.store(1, Ordering::Relaxed);
             n as libc::c_int
         }
         _ => {
