@@ -1000,14 +1000,12 @@ fn waits_abandoned_by_a_runtime_drop_lose_no_message_permit_or_wake_up() {
     assert_eq!(*rw.read().unwrap_or_else(PoisonError::into_inner), 1, "the plain writer got the lock once");
 }
 
-/// Bug 11 (`arch/reliability.md`, open): the runtime's drop unwinds a fiber parked in a wait
+/// Bug 11 (`arch/reliability.md`): the runtime's drop unwinds a fiber parked in a wait
 /// for a fiber that borrows from its frame (`scope`'s end, `vt::join`, a fiber's `block_on`).
 /// The unwind leaves that wait at once, dropping the frame while the borrowing fiber is still
-/// parked; unwound later, its destructors read freed stack memory. Fails today (both cases); a
-/// guard that waits in the unwinding frame fixed it natively, but nests one fiber's forced
-/// unwind inside another's, which valgrind reported as invalid accesses: not merged.
+/// parked; unwound later, its destructors read freed stack memory. Failed in every case until
+/// the drop unwound the deepest fibers first (`FiberRecord::depth`).
 #[test]
-#[ignore = "bug 11: open, see arch/reliability.md"]
 fn a_waiter_unwound_by_the_runtime_drop_outlives_the_fibers_that_borrow_from_it() {
     /// Lives in the waiter's frame; says when it is gone through a flag it shares, so that
     /// the check below never reads freed memory itself.
@@ -1039,12 +1037,25 @@ fn a_waiter_unwound_by_the_runtime_drop_outlives_the_fibers_that_borrow_from_it(
             vt::park();
         }
     }
-    let cases: [(&str, vt::WaitReason, Wait); 2] = [
+    let cases: [(&str, vt::WaitReason, Wait); 3] = [
         ("scope", vt::WaitReason::Scope, |alive, bad, seen| {
             vt::scope(|s| {
                 s.spawn(move || {
                     let _r = Reader::new(alive, bad, seen);
                     park_for_ever();
+                });
+            })
+        }),
+        // Two waiters, one inside the other's scope: the inner one must go before the outer.
+        ("nested scopes", vt::WaitReason::Scope, |alive, bad, seen| {
+            vt::scope(|s| {
+                s.spawn(move || {
+                    vt::scope(|s| {
+                        s.spawn(move || {
+                            let _r = Reader::new(alive, bad, seen);
+                            park_for_ever();
+                        });
+                    })
                 });
             })
         }),

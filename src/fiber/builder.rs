@@ -112,7 +112,14 @@ impl Builder {
             Some(c) => (c.alloc_record(), c.take_ref()),
             None => (rt.alloc_record(), rt.clone()),
         };
+        // The spawner's depth: the fiber running on this thread, whichever runtime it is of.
+        let depth = match any_carrier.map(|c| c.current()).filter(|me| !me.is_null()) {
+            // SAFETY: the fiber running on this carrier: live while it runs, and this is it.
+            Some(me) => unsafe { (*me).depth.get() }.saturating_add(1),
+            None => 0,
+        };
         let init = Init {
+            depth,
             id,
             name: self.name.map(String::into_boxed_str),
             spawned_at: at,

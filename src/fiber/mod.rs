@@ -135,6 +135,11 @@ pub(crate) struct FiberRecord {
     pub(crate) locals: local::Locals,
     /// Spawns since this fiber last yielded, for the fork-yield rule.
     pub(crate) spawns: Cell<u32>,
+    /// Generations below the first fiber spawned from a plain thread (its spawner's depth plus
+    /// one). Whatever borrows from a fiber's frame (`scope`, `join`, `block_on`) was spawned
+    /// after that frame began, by the fiber or one of its descendants, so it is deeper: the
+    /// runtime's drop unwinds the deepest fibers first (bug 11 in `arch/reliability.md`).
+    pub(crate) depth: Cell<u32>,
     /// What the fiber parked on last (`WaitReason` code, `WAIT_TIMED` flag), for dumps. Written
     /// by the fiber before it parks; atomics because a dump reads them while the fiber runs.
     pub(crate) wait: AtomicU8,
@@ -204,6 +209,8 @@ pub(crate) struct Init {
     pub(crate) scope: Option<Arc<crate::scope::ScopeData>>,
     /// The coarse clock at spawn (0 with fiber roots off).
     pub(crate) since: u64,
+    /// See `FiberRecord::depth`.
+    pub(crate) depth: u32,
 }
 
 static NO_VTABLE: StageVTable = StageVTable {
@@ -239,6 +246,7 @@ impl FiberRecord {
             cancelled: AtomicBool::new(false),
             locals: local::Locals::default(),
             spawns: Cell::new(0),
+            depth: Cell::new(0),
             wait: AtomicU8::new(0),
             since: AtomicU64::new(0),
             carrier: AtomicU32::new(u32::MAX),
@@ -281,6 +289,7 @@ impl FiberRecord {
         r.pin_depth.set(0);
         r.cancelled.store(false, Ordering::Relaxed);
         r.spawns.set(0);
+        r.depth.set(init.depth);
         r.yielder.set(std::ptr::null());
         r.blocking_depth.set(0);
         r.blocking_at.set(None);

@@ -245,9 +245,31 @@ impl Drop for Runtime {
     }
 }
 
-/// Unwinds every fiber that has not finished. Cancelling one may wake or spawn others (its
-/// destructors run), so repeat until nothing is left.
+/// Unwinds every fiber that has not finished, the deepest first (`FiberRecord::depth`), so
+/// that a fiber whose frame others borrow (a `scope`, `join` or `block_on` waiting for them) is
+/// unwound only after they are: unwound first, it would leave its wait at once and free the
+/// frame under them (bug 11 in `arch/reliability.md`). Every unwind runs on this thread, one
+/// after another: none nests inside another's (valgrind's view of stack switches could not
+/// follow that). Cancelling one may wake or spawn others (its destructors run), so repeat
+/// until nothing is left; then drain the queues of the references to finished fibers.
 fn cancel_all(rt: &Shared) {
+    let mut live = Vec::new();
+    loop {
+        rt.roots.for_each_live(|f| live.push(f));
+        if live.is_empty() {
+            break;
+        }
+        // Stable: among equals the walk's order, as before.
+        live.sort_by_key(|f| std::cmp::Reverse(f.depth.get()));
+        let mut progress = false;
+        for f in live.drain(..) {
+            progress |= f.state() != DONE && !f.cancelled.load(Ordering::Acquire);
+            cancel(f);
+        }
+        if !progress {
+            break; // only fibers being unwound further up this thread's stack: none at the top
+        }
+    }
     while cancel_one(rt) {}
     for slot in rt.slots.iter() {
         // Timer entries hold records, which hold the runtime: break the cycle.
@@ -299,8 +321,9 @@ fn cancel(f: FiberRef) {
     }
     let outer = context::cancelling();
     context::set_cancelling(FiberRef::as_ptr(&f));
-    // SAFETY: every carrier has stopped, and a fiber is found once, either parked (by the walk
-    // of the roots) or runnable (in a queue), never both, so this thread has exclusive access.
+    // SAFETY: every carrier has stopped, and the swap of `cancelled` above lets one caller on
+    // this thread through per fiber (the walk in `cancel_all`, or a queue's or the roots'
+    // entry in `cancel_one`), so this thread has exclusive access.
     let slot = unsafe { f.co_mut() };
     if !f.started.replace(true) {
         // Never ran: bind a stack so its body can drop the closure (destructors run in fiber

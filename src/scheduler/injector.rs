@@ -281,6 +281,7 @@ mod tests {
                     vtable: &NO_STAGE,
                     scope: None,
                     since: 0,
+                    depth: 0,
                 };
                 // SAFETY: a record fresh from the runtime's pool: unused and ours.
                 let (f, join) = unsafe { FiberRecord::init(rt.alloc_record(), init) };
