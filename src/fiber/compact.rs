@@ -134,7 +134,7 @@ fn measure_switch(paint: u8) -> Option<usize> {
     let (low, _) = ARENAS.usable_range(top - 1)?;
     // SAFETY: the usable part of a stack we own, mapped read-write, and unused.
     unsafe { std::ptr::write_bytes(low as *mut u8, paint, top - low) };
-    let rec = FiberRecord::blank(class);
+    let rec = std::ptr::NonNull::from(Box::leak(Box::new(FiberRecord::blank(class))));
     let body = move |y: &corosensei::Yielder<(), super::Suspend>, ()| {
         // SAFETY: `rec` is freed only after this coroutine has finished (below).
         let rec = unsafe { rec.as_ref() };
@@ -157,7 +157,7 @@ fn measure_switch(paint: u8) -> Option<usize> {
     // SAFETY: the coroutine has finished: nothing on the stack is live any more.
     let _ = unsafe { crate::platform::release(low, top - low) };
     drop(co.into_stack());
-    // SAFETY: `blank` leaked a `Box`; the coroutine that used it has finished.
+    // SAFETY: leaked from a `Box` above; the coroutine that used it has finished.
     drop(unsafe { Box::from_raw(rec.as_ptr()) });
     deepest.filter(|&d| parked && (low..=sp).contains(&d)).map(|d| sp - d)
 }

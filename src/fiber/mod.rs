@@ -85,69 +85,51 @@ pub(crate) const STAGE_SAVED: u8 = 3;
 /// Everything the runtime knows about one fiber. Records are pooled per runtime and reused:
 /// the fields that describe one fiber are rewritten in `init` while the record is unreachable
 /// (reference count zero, sitting in a pool), so other threads see them only as immutable.
+///
+/// Laid out by hand, on its own cache lines: with the compiler's order (and records 16-aligned
+/// by malloc, sharing lines with their neighbours) a switch touched four or five lines of the
+/// record, and with a thousand fibers in turn those are the misses that bound a yield.
+#[repr(C, align(64))]
 pub(crate) struct FiberRecord {
-    /// References (`FiberRef`s); at zero the record goes back to its runtime's pool. Besides
-    /// the handles, a live fiber holds one to itself and one *run reference*: held by the queue
-    /// entry, the carrier running it, or, while parked, by the parked state itself (see
-    /// `FiberRef::take_parked_ref`).
-    refs: AtomicUsize,
+    // Line 0: what every switch reads or writes (claim, resume bookkeeping, suspend, yield,
+    // park), so that a switch misses on one line of the record, not four (`LAYOUT` below).
     /// State word: `RUNNING | RUNNABLE | PARKED | DONE`, plus the `NOTIFIED` flag.
     state: StateWord,
-    /// The join hand-off (`join.rs`).
-    pub(crate) join: AtomicU8,
-    id: Cell<FiberId>,
-    name: UnsafeCell<Option<Box<str>>>,
-    spawned_at: Cell<&'static Location<'static>>,
-    /// The runtime this fiber belongs to; holds one counted reference while the record is live.
-    runtime: UnsafeCell<Option<RuntimeRef>>,
-    /// The size class of this fiber's stack.
-    class: Cell<&'static SizeClass>,
-    /// The coroutine, built at the first run. Stacks are bound at first run, not at spawn, so
-    /// a queued fiber holds none and a carrier that runs short fibers back to back reuses the
-    /// same few cache-hot stacks (binding at spawn made W1 touch 10,000 cold stack pages per op).
-    co: UnsafeCell<Option<Co>>,
-    pub(crate) stage: UnsafeCell<StageBuf>,
-    pub(crate) stage_kind: Cell<u8>,
-    pub(crate) vtable: Cell<&'static StageVTable>,
-    /// The fiber or thread waiting in `join`.
-    pub(crate) waiter: UnsafeCell<Option<park::Fiber>>,
-    /// The scope this fiber belongs to, told once its result is taken or dropped.
-    pub(crate) scope: UnsafeCell<Option<Arc<crate::scope::ScopeData>>>,
-    /// Set by the fiber itself when it first runs; it lives on the fiber's own stack, whose
-    /// address does not change when the fiber migrates.
-    yielder: Cell<*const Yielder<(), Suspend>>,
+    /// The carrier that last ran the fiber, for dumps.
+    pub(crate) carrier: AtomicU32,
+    /// Spawns since this fiber last yielded, for the fork-yield rule.
+    pub(crate) spawns: Cell<u32>,
+    /// Nesting depth of `blocking` sections (1 for a whole fiber from a known-blocking
+    /// location): while positive, the carrier running the fiber counts itself as blocked.
+    pub(crate) blocking_depth: Cell<u32>,
     pub(crate) started: Cell<bool>,
     /// It yielded and sits in a run queue, still `RUNNING` in the state word (see
     /// `set_yielded`). Written by the carrier that queued it and by the one that pops it, in
     /// that order through the queue's Release/Acquire; atomic only because dumps read it.
     yielded: AtomicBool,
+    /// Set before the runtime's drop unwinds this fiber.
+    pub(crate) cancelled: AtomicBool,
+    /// What the fiber parked on last (`WaitReason` code, `WAIT_TIMED` flag), for dumps. Written
+    /// by the fiber before it parks; atomics because a dump reads them while the fiber runs.
+    pub(crate) wait: AtomicU8,
     /// Carrier this fiber must run on (`pinned`, `pin_started_fibers`), or `NO_HOME`. Written by
     /// the fiber while running; read by whoever schedules it, after the state word's
     /// Release/Acquire hand-off.
     pub(crate) home: AtomicUsize,
-    pub(crate) pin_depth: Cell<u32>,
-    /// Moved on (a CAS from the armed value) by whichever of the fiber and its timer ends a
-    /// timed park first (`time::disarm`), so a late timer does not wake a later park and the
-    /// fiber knows when its deadline passed. Never reset, not even when the record is reused.
-    pub(crate) timer_gen: AtomicU64,
-    /// Set before the runtime's drop unwinds this fiber.
-    pub(crate) cancelled: AtomicBool,
-    pub(crate) locals: local::Locals,
-    /// Spawns since this fiber last yielded, for the fork-yield rule.
-    pub(crate) spawns: Cell<u32>,
-    /// Generations below the first fiber spawned from a plain thread (its spawner's depth plus
-    /// one). Whatever borrows from a fiber's frame (`scope`, `join`, `block_on`) was spawned
-    /// after that frame began, by the fiber or one of its descendants, so it is deeper: the
-    /// runtime's drop unwinds the deepest fibers first (bug 11 in `arch/reliability.md`).
-    pub(crate) depth: Cell<u32>,
-    /// What the fiber parked on last (`WaitReason` code, `WAIT_TIMED` flag), for dumps. Written
-    /// by the fiber before it parks; atomics because a dump reads them while the fiber runs.
-    pub(crate) wait: AtomicU8,
+    spawned_at: Cell<&'static Location<'static>>,
+    /// Call site of the outermost `blocking` section (or the spawn site, when known-blocking).
+    pub(crate) blocking_at: Cell<Option<&'static Location<'static>>>,
+    /// Set by the fiber itself when it first runs; it lives on the fiber's own stack, whose
+    /// address does not change when the fiber migrates.
+    yielder: Cell<*const Yielder<(), Suspend>>,
     /// When the fiber entered its present state (ns since the runtime's epoch, at the runtime's
     /// coarse clock), for dumps; written only with fiber roots on.
     pub(crate) since: AtomicU64,
-    /// The carrier that last ran the fiber, for dumps.
-    pub(crate) carrier: AtomicU32,
+    // Line 1: the coroutine (its saved stack pointer, read and written by every switch).
+    /// The coroutine, built at the first run. Stacks are bound at first run, not at spawn, so
+    /// a queued fiber holds none and a carrier that runs short fibers back to back reuses the
+    /// same few cache-hot stacks (binding at spawn made W1 touch 10,000 cold stack pages per op).
+    co: UnsafeCell<Option<Co>>,
     /// The stack pointer just before the fiber last switched out to park (`suspend`): where
     /// the live part of a parked fiber's stack begins, less `compact::red_zone()`. Atomic so
     /// that the compactor may read it before claiming the fiber, to visit stacks in address
@@ -157,15 +139,55 @@ pub(crate) struct FiberRecord {
     /// (`scope`, `join`, `block_on`, `ThreadPool::scope`, `no_compaction`): never compacted
     /// while positive, since they may write into it while it is parked.
     pub(crate) lent: Cell<u32>,
-    /// Nesting depth of `blocking` sections (1 for a whole fiber from a known-blocking
-    /// location): while positive, the carrier running the fiber counts itself as blocked.
-    pub(crate) blocking_depth: Cell<u32>,
-    /// Call site of the outermost `blocking` section (or the spawn site, when known-blocking).
-    pub(crate) blocking_at: Cell<Option<&'static Location<'static>>>,
-    /// The next fiber in the injector chain this fiber is linked into, or null (always null
-    /// outside a chain). Touched only by the holder of the fiber's run-queue entry: [6] below.
-    pub(crate) next: Cell<*mut FiberRecord>,
+    pub(crate) pin_depth: Cell<u32>,
+    /// Generations below the first fiber spawned from a plain thread (its spawner's depth plus
+    /// one). Whatever borrows from a fiber's frame (`scope`, `join`, `block_on`) was spawned
+    /// after that frame began, by the fiber or one of its descendants, so it is deeper: the
+    /// runtime's drop unwinds the deepest fibers first (bug 11 in `arch/reliability.md`).
+    pub(crate) depth: Cell<u32>,
+    // Line 2: what a join reads (the hand-off, the result) and what dropping a handle
+    // writes, apart from the lines the fiber's carrier writes as it runs: a join on a fiber
+    // that finished on another carrier moves one line across, not three.
+    pub(crate) stage: UnsafeCell<StageBuf>,
+    /// References (`FiberRef`s); at zero the record goes back to its runtime's pool. Besides
+    /// the handles, a live fiber holds one to itself and one *run reference*: held by the queue
+    /// entry, the carrier running it, or, while parked, by the parked state itself (see
+    /// `FiberRef::take_parked_ref`).
+    refs: AtomicUsize,
+    /// The join hand-off (`join.rs`).
+    pub(crate) join: AtomicU8,
+    pub(crate) stage_kind: Cell<u8>,
+    // Lines 3-4: spawn and finish.
+    pub(crate) vtable: Cell<&'static StageVTable>,
+    /// The size class of this fiber's stack.
+    class: Cell<&'static SizeClass>,
+    /// The fiber or thread waiting in `join`.
+    pub(crate) waiter: UnsafeCell<Option<park::Fiber>>,
+    /// The scope this fiber belongs to, told once its result is taken or dropped.
+    pub(crate) scope: UnsafeCell<Option<Arc<crate::scope::ScopeData>>>,
+    /// The runtime this fiber belongs to; holds one counted reference while the record is live.
+    runtime: UnsafeCell<Option<RuntimeRef>>,
+    name: UnsafeCell<Option<Box<str>>>,
+    id: Cell<FiberId>,
+    pub(crate) locals: local::Locals,
+    /// Moved on (a CAS from the armed value) by whichever of the fiber and its timer ends a
+    /// timed park first (`time::disarm`), so a late timer does not wake a later park and the
+    /// fiber knows when its deadline passed. Never reset, not even when the record is reused.
+    pub(crate) timer_gen: AtomicU64,
 }
+
+/// The layout the comments in `FiberRecord` describe, checked when the crate builds: the
+/// switch's fields in line 0, the coroutine in line 1, the join's in line 2, five lines in all.
+const LAYOUT: () = {
+    use std::mem::{offset_of, size_of};
+    assert!(offset_of!(FiberRecord, since) + size_of::<u64>() <= 64, "line 0 overflowed");
+    assert!(offset_of!(FiberRecord, co) == 64, "the coroutine does not start line 1");
+    assert!(offset_of!(FiberRecord, depth) + size_of::<u32>() <= 128, "line 1 overflowed");
+    assert!(offset_of!(FiberRecord, stage) == 128, "the stage does not start line 2");
+    assert!(offset_of!(FiberRecord, stage_kind) < 192, "line 2 overflowed");
+    assert!(size_of::<FiberRecord>() == 5 * 64, "the record grew past five lines");
+};
+const _: () = LAYOUT;
 
 // Why: the `Coroutine` is `!Send` because the data on its stack may be `!Send`; the runtime
 // moves started fibers between carriers and states that contract in the README's "Soundness"
@@ -177,9 +199,7 @@ pub(crate) struct FiberRecord {
 // [3] the join protocol, whose state word orders `waiter` and `stage` (see `join.rs`), or
 // [4] the runtime's drop after all carriers have stopped, or [5] the compactor while it holds
 // the parked fiber in the `COMPACTING` state (`compact.rs`: it reads `lent` and puts the saved
-// stack in the stage; the state word's Acquire/Release hand the fiber over, as to a carrier), or
-// [6] for `next`, the holder of the fiber's one run-queue entry: the injector chain that owns it,
-// under its shard's lock when it is a shard's (`scheduler/injector.rs` says why one exists).
+// stack in the stage; the state word's Acquire/Release hand the fiber over, as to a carrier).
 // `id`, `name`, `spawned_at`, `class` and `runtime` are written only in [2] and read-only while
 // the record is live.
 // SAFETY: by the argument above.
@@ -220,9 +240,9 @@ static NO_VTABLE: StageVTable = StageVTable {
 };
 
 impl FiberRecord {
-    /// A blank record, for a pool that ran dry.
-    pub(crate) fn blank(class: &'static SizeClass) -> NonNull<FiberRecord> {
-        let rec = Box::new(FiberRecord {
+    /// A blank record, for a pool that ran dry (`Roots::alloc` places it in a slab).
+    pub(crate) fn blank(class: &'static SizeClass) -> FiberRecord {
+        FiberRecord {
             refs: AtomicUsize::new(0),
             state: StateWord::new(DONE),
             join: AtomicU8::new(0),
@@ -254,9 +274,7 @@ impl FiberRecord {
             lent: Cell::new(0),
             blocking_depth: Cell::new(0),
             blocking_at: Cell::new(None),
-            next: Cell::new(std::ptr::null_mut()),
-        });
-        NonNull::from(Box::leak(rec))
+        }
     }
 
     /// Prepares an unused record (from a pool or `blank`) for a new fiber and returns two

@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 use corosensei::CoroutineResult;
 use crossbeam_deque::{Steal, Worker};
 
-use super::injector::Chain;
+use super::injector::Batch;
 use super::{CarrierSlot, RECORD_CACHE, RuntimeRef, STOCK_BATCH, Shared, Wake, bump};
 use crate::fiber::park::{self as fpark, FiberId};
 use crate::fiber::stack::{FiberStack, SizeClass};
@@ -71,6 +71,9 @@ pub(crate) struct Carrier {
     rng: Cell<u64>,
     stacks: UnsafeCell<Vec<FiberStack>>,
     records: UnsafeCell<Vec<NonNull<FiberRecord>>>,
+    /// A spill's fibers on their way to the injector: one buffer, reused, so a spill never
+    /// allocates. Empty between spills.
+    spill: UnsafeCell<Batch>,
     ids: Cell<(u64, u64)>,
     stock: Cell<usize>,
     searching: Cell<bool>,
@@ -93,6 +96,7 @@ impl Carrier {
             rng: Cell::new(0x2545_F491_4F6C_DD1D ^ ((index as u64 + 1) << 17)),
             stacks: UnsafeCell::new(Vec::with_capacity(STACK_CACHE)),
             records: UnsafeCell::new(Vec::with_capacity(RECORD_CACHE)),
+            spill: UnsafeCell::new(Batch::with_capacity(LOCAL_CAP / 2 + 1)),
             ids: Cell::new((0, 0)),
             stock: Cell::new(0),
             searching: Cell::new(false),
@@ -199,7 +203,7 @@ impl Carrier {
             return r;
         }
         self.rt.take_records(cache, RECORD_CACHE / 2);
-        cache.pop().unwrap_or_else(|| self.rt.roots.alloc(self.index, self.rt.stacks))
+        cache.pop().unwrap_or_else(|| self.rt.roots.alloc(self.index, self.rt.stacks, cache))
     }
 
     /// Takes an unused record into the local cache (half the cache goes to the shared pool
@@ -284,18 +288,22 @@ impl Carrier {
             return;
         }
         if self.worker.len() >= LOCAL_CAP {
-            // Linked privately, then appended under one lock: no allocation, one acquisition.
-            let mut spill = Chain::new();
-            for _ in 0..LOCAL_CAP / 2 {
-                match self.worker.pop() {
-                    Some(old) => spill.push(old),
-                    None => break,
-                }
-            }
-            bump(&self.slot().stats.injector_pushes, spill.len() as u64);
-            self.rt.injector.push_batch(self.index, spill);
+            self.spill();
         }
         self.worker.push(f);
+    }
+
+    /// The older half of a full deque to the injector: gathered privately, then appended
+    /// under one lock, with no allocation (the buffer is kept) and no record touched.
+    #[cold]
+    #[inline(never)]
+    fn spill(&self) {
+        // SAFETY: only this carrier's thread touches `spill`, and not reentrantly: nothing
+        // below runs fiber code.
+        let spill = unsafe { &mut *self.spill.get() };
+        spill.extend(std::iter::from_fn(|| self.worker.pop()).take(LOCAL_CAP / 2));
+        bump(&self.slot().stats.injector_pushes, spill.len() as u64);
+        self.rt.injector.push_batch(self.index, spill);
     }
 
     fn lifo_take(&self) -> Option<FiberRef> {
@@ -662,7 +670,8 @@ impl Carrier {
     }
 
     fn flush_to_injector(&self) {
-        let mut rest = Chain::new();
+        // SAFETY: as in `spill`.
+        let rest = unsafe { &mut *self.spill.get() };
         if let Some(f) = self.lifo_take() {
             if f.home.load(Ordering::Relaxed) == self.index {
                 // Pinned here (woken into the LIFO slot): it may run nowhere else, so it goes to
@@ -672,9 +681,7 @@ impl Carrier {
                 rest.push(f);
             }
         }
-        while let Some(f) = self.worker.pop() {
-            rest.push(f);
-        }
+        rest.extend(std::iter::from_fn(|| self.worker.pop()));
         self.rt.injector.push_batch(self.index, rest);
     }
 

@@ -6,154 +6,42 @@
 //! to its own shard. Carriers drain every shard, each starting at its own, so shards are served
 //! fairly and do not all get hit at the same index.
 //!
-//! A shard is an intrusive FIFO: fibers are linked through their record's `next` field, so no
-//! push or steal allocates (crossbeam's injector allocated a block every 63 pushes and freed it
-//! when drained, which put malloc and free on the spill path of every busy carrier). Its head
-//! and tail sit under a small lock; a carrier's spill links 128 fibers privately (a [`Chain`])
-//! and appends them under one acquisition, and a steal detaches up to [`STEAL_BATCH`] under one.
-//! Beside the lock, an atomic length lets `is_empty` and the carriers' quick checks read without
-//! locking.
-//!
-//! # Why one `next` field is enough
-//! A fiber is linked into at most one chain at a time, and only its run-queue entry touches
-//! `next`. A run-queue entry is the `FiberRef` that stands for "this fiber is runnable and not
-//! yet claimed": it is created only by a transition to `RUNNABLE` (spawn; `notify` or
-//! `end_compaction` returning true, which only one caller can see, since the transition is a
-//! CAS on the state word) or by the carrier a fiber yielded to (`set_yielded`: the fiber stays
-//! `RUNNING`, and that carrier is the only one running it), moved from queue to queue (local
-//! deque, LIFO slot, inbox, injector, a chain) by pop-then-push, and consumed once, by the
-//! claim (`FiberRecord::try_claim`) or by the runtime's drop (`cancel_one`). No transition makes
-//! a queued fiber runnable again (`notify` only leaves a token on a `RUNNABLE` or `RUNNING`
-//! fiber; the others start from `PARKED` or `COMPACTING`), so a second entry cannot exist
-//! before the first is consumed. Hence whoever holds the entry (the chain that owns it, or the
-//! lock of the shard whose chain does) is the only one to read or write the fiber's `next`.
-//! Every unlink resets `next` to null, so a fiber outside every chain has a null `next`.
+//! A shard is a ring of fiber pointers (`VecDeque<FiberRef>`) under a small lock, beside an
+//! atomic length that lets `is_empty` and the carriers' quick checks read without locking. A
+//! carrier's spill gathers 128 pointers privately (a [`Batch`], allocated once per carrier)
+//! and appends them under one acquisition; a steal copies up to [`STEAL_BATCH`] out under one.
+//! Neither touches the fibers' records: an earlier intrusive list (fibers linked through a
+//! field of their records) allocated nothing either, but a spill wrote 128 records that had
+//! sat in the deque long enough to be cold, and a steal walked its batch's links under the
+//! lock, a cache miss per fiber in series (W5's profile: 10% of samples in that walk). A ring
+//! allocates only when a shard outgrows every length it had before (it keeps its capacity;
+//! one that drained after a burst gives back what is well past its present need).
 
-use std::ptr;
+use std::collections::VecDeque;
 use std::sync::atomic::{AtomicUsize, Ordering, fence};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use crossbeam_deque::Worker;
 
 use super::CachePadded;
-use crate::fiber::{FiberRecord, FiberRef};
+use crate::fiber::FiberRef;
 
 /// Most fibers one `steal_into` takes from a shard (crossbeam's injector took up to 33), so one
 /// carrier does not take the whole backlog while the others look on.
 const STEAL_BATCH: usize = 32;
 
-/// A FIFO of fibers linked through `FiberRecord::next`, owning one reference (the run-queue
-/// entry) to each: a shard's queue under its lock, or a batch a carrier builds privately and
-/// hands to `push_batch` whole.
-pub(crate) struct Chain {
-    /// Pointers from `FiberRef::into_raw`, each standing for a reference this chain owns.
-    head: *mut FiberRecord,
-    tail: *mut FiberRecord,
-    len: usize,
-}
+/// A ring keeps capacity for this many fibers however far it drains, so the steady state of a
+/// busy runtime never allocates; past it, a ring that drained to an eighth of its capacity
+/// halves it (amortised: a burst of a million spawns does not hold 8 MB for ever).
+const KEEP_CAPACITY: usize = 4096;
 
-// SAFETY: a chain owns `FiberRef`s, which are `Send`, and the `next` links it follows are its
-// own to touch wherever it goes (module doc: only the holder of a fiber's run-queue entry
-// touches them).
-unsafe impl Send for Chain {}
+/// Fibers gathered privately for one `push_batch` (a carrier's spill, its flush when retiring).
+/// Owns one run-queue entry per fiber; the carrier keeps one and reuses its buffer.
+pub(crate) type Batch = Vec<FiberRef>;
 
-impl Chain {
-    pub(crate) const fn new() -> Chain {
-        Chain { head: ptr::null_mut(), tail: ptr::null_mut(), len: 0 }
-    }
-
-    pub(crate) fn len(&self) -> usize {
-        self.len
-    }
-
-    fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-
-    /// Appends `f`, which must be a run-queue entry: the chain takes it over.
-    pub(crate) fn push(&mut self, f: FiberRef) {
-        // A fiber already linked somewhere would have a non-null `next` (unless it is a tail):
-        // a cheap catch of a second run-queue entry in debug builds.
-        debug_assert!(f.next.get().is_null(), "a fiber in two run queues");
-        let p = FiberRef::into_raw(f);
-        if self.tail.is_null() {
-            self.head = p;
-        } else {
-            // SAFETY: the chain owns a reference to its tail, so the record is live, and its
-            // `next` is the chain's to write (module doc).
-            unsafe { (*self.tail).next.set(p) };
-        }
-        self.tail = p;
-        self.len += 1;
-    }
-
-    /// Takes the oldest fiber out.
-    fn pop(&mut self) -> Option<FiberRef> {
-        // SAFETY: `head` is null or a pointer from `into_raw` whose reference the chain owns;
-        // unlinking it here gives that reference back exactly once.
-        let f = unsafe { FiberRef::from_raw(self.head) }?;
-        self.head = f.next.replace(ptr::null_mut());
-        if self.head.is_null() {
-            self.tail = ptr::null_mut();
-        }
-        self.len -= 1;
-        Some(f)
-    }
-
-    /// Moves all of `other` to the back of `self`.
-    fn append(&mut self, mut other: Chain) {
-        if other.is_empty() {
-            return;
-        }
-        if self.tail.is_null() {
-            self.head = other.head;
-        } else {
-            // SAFETY: as in `push`: our tail is live and its `next` is ours.
-            unsafe { (*self.tail).next.set(other.head) };
-        }
-        self.tail = other.tail;
-        self.len += other.len;
-        // `other`'s references now belong to `self`: leave it empty for its drop.
-        other.head = ptr::null_mut();
-        other.tail = ptr::null_mut();
-        other.len = 0;
-    }
-
-    /// Detaches the oldest `n` fibers (`n <= len`) as a chain of their own.
-    fn split_front(&mut self, n: usize) -> Chain {
-        debug_assert!(n <= self.len);
-        if n == self.len {
-            return std::mem::replace(self, Chain::new());
-        }
-        if n == 0 {
-            return Chain::new();
-        }
-        let mut last = self.head;
-        for _ in 1..n {
-            // SAFETY: `last` is one of the chain's first `n < len` records: live, linked, and
-            // its `next` is ours to read.
-            last = unsafe { (*last).next.get() };
-        }
-        // SAFETY: as above; `last` has a successor, since `n < len`.
-        let rest = unsafe { (*last).next.replace(ptr::null_mut()) };
-        let front = Chain { head: self.head, tail: last, len: n };
-        self.head = rest;
-        self.len -= n;
-        front
-    }
-}
-
-impl Drop for Chain {
-    /// Gives back every reference still linked (a dropped injector, or a chain abandoned by a
-    /// panic), oldest first.
-    fn drop(&mut self) {
-        while self.pop().is_some() {}
-    }
-}
-
-/// One shard: the chain under a lock, and its length for lock-free looks.
+/// One shard: the ring under a lock, and its length for lock-free looks.
 struct Shard {
-    queue: Mutex<Chain>,
+    queue: Mutex<VecDeque<FiberRef>>,
     /// `queue`'s length, written under the lock after every change. Read without it as a hint
     /// (skip a shard that looks empty) and by `is_empty` after a SeqCst fence, which is what
     /// the idle protocol needs (see `is_empty`).
@@ -161,14 +49,23 @@ struct Shard {
 }
 
 impl Shard {
-    fn lock(&self) -> MutexGuard<'_, Chain> {
-        // Nothing panics with the lock held (pointer updates only), so a poisoned lock still
-        // guards a consistent chain.
+    fn lock(&self) -> MutexGuard<'_, VecDeque<FiberRef>> {
+        // Nothing panics with the lock held (a growth that cannot allocate aborts), so a
+        // poisoned lock still guards a consistent ring.
         self.queue.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     fn looks_empty(&self) -> bool {
         self.len.load(Ordering::Relaxed) == 0
+    }
+
+    /// Stores the length (Relaxed: the pusher's `notify` fences before it reads the idle
+    /// counts, see `is_empty`) and gives back capacity a burst left behind.
+    fn settle(&self, q: &mut VecDeque<FiberRef>) {
+        self.len.store(q.len(), Ordering::Relaxed);
+        if q.capacity() > KEEP_CAPACITY && q.len() < q.capacity() / 8 {
+            q.shrink_to((q.capacity() / 2).max(KEEP_CAPACITY));
+        }
     }
 }
 
@@ -181,7 +78,7 @@ impl Injector {
     /// Two shards per carrier, rounded up to a power of two.
     pub(crate) fn new(carriers: usize) -> Injector {
         let n = (carriers * 2).next_power_of_two().max(2);
-        let shard = || CachePadded(Shard { queue: Mutex::new(Chain::new()), len: AtomicUsize::new(0) });
+        let shard = || CachePadded(Shard { queue: Mutex::new(VecDeque::new()), len: AtomicUsize::new(0) });
         Injector { shards: (0..n).map(|_| shard()).collect(), mask: n - 1 }
     }
 
@@ -191,20 +88,21 @@ impl Injector {
 
     /// Queues one fiber (a plain thread's `schedule_remote`).
     pub(crate) fn push(&self, shard: usize, f: FiberRef) {
-        let mut one = Chain::new();
-        one.push(f);
-        self.push_batch(shard, one);
+        let s = &self.shards[shard & self.mask];
+        let mut q = s.lock();
+        q.push_back(f);
+        s.len.store(q.len(), Ordering::Relaxed);
     }
 
-    /// Appends a whole chain, in its order, under one acquisition of the shard's lock.
-    pub(crate) fn push_batch(&self, shard: usize, batch: Chain) {
+    /// Appends the whole of `batch`, in its order, under one acquisition of the shard's lock;
+    /// `batch` is left empty, its buffer kept for the next one.
+    pub(crate) fn push_batch(&self, shard: usize, batch: &mut Batch) {
         if batch.is_empty() {
             return;
         }
         let s = &self.shards[shard & self.mask];
         let mut q = s.lock();
-        q.append(batch);
-        // Relaxed: the pusher's `notify` fences before it reads the idle counts (`is_empty`).
+        q.extend(batch.drain(..));
         s.len.store(q.len(), Ordering::Relaxed);
     }
 
@@ -217,18 +115,15 @@ impl Injector {
             if s.looks_empty() {
                 continue;
             }
-            let mut batch = {
-                let mut q = s.lock();
-                let n = q.len().div_ceil(2).min(STEAL_BATCH);
-                let batch = q.split_front(n);
-                s.len.store(q.len(), Ordering::Relaxed);
-                batch
-            };
+            let mut q = s.lock();
             // Empty only if another carrier emptied the shard after our look.
-            let Some(first) = batch.pop() else { continue };
-            while let Some(f) = batch.pop() {
+            let Some(first) = q.pop_front() else { continue };
+            // Pointer copies into our own deque: short enough to do under the lock.
+            let n = (q.len() + 1).div_ceil(2).min(STEAL_BATCH) - 1;
+            for f in q.drain(..n) {
                 local.push(f);
             }
+            s.settle(&mut q);
             return Some(first);
         }
         None
@@ -238,8 +133,8 @@ impl Injector {
     pub(crate) fn pop_any(&self) -> Option<FiberRef> {
         self.shards.iter().filter(|s| !s.looks_empty()).find_map(|s| {
             let mut q = s.lock();
-            let f = q.pop();
-            s.len.store(q.len(), Ordering::Relaxed);
+            let f = q.pop_front();
+            s.settle(&mut q);
             f
         })
     }
@@ -261,7 +156,7 @@ mod tests {
 
     use super::*;
     use crate::fiber::FiberId;
-    use crate::fiber::{Init, StageVTable};
+    use crate::fiber::{FiberRecord, Init, StageVTable};
     use crate::scheduler::{RuntimeRef, Shared};
 
     static NO_STAGE: StageVTable =
@@ -302,12 +197,6 @@ mod tests {
         fs.iter().map(FiberRef::as_ptr).collect()
     }
 
-    fn chain(fs: Vec<FiberRef>) -> Chain {
-        let mut c = Chain::new();
-        fs.into_iter().for_each(|f| c.push(f));
-        c
-    }
-
     /// A runtime whose carrier never touches the records made here (nothing is spawned on
     /// it); the injectors under test are the tests' own.
     fn runtime() -> crate::Runtime {
@@ -328,12 +217,13 @@ mod tests {
         // One single push, a batch of 69, one more single push, then a batch of 29, all to the
         // same shard (`3 & mask` is shard 1): FIFO across all four.
         inj.push(1, fs.next().unwrap());
-        inj.push_batch(3, chain(fs.by_ref().take(69).collect()));
+        inj.push_batch(3, &mut fs.by_ref().take(69).collect());
         inj.push(1, fs.next().unwrap());
-        let last = chain(fs.collect());
+        let mut last: Batch = fs.collect();
         assert_eq!(last.len(), 29);
-        inj.push_batch(1, last);
-        inj.push_batch(1, Chain::new());
+        inj.push_batch(1, &mut last);
+        assert!(last.is_empty(), "the batch was taken whole");
+        inj.push_batch(1, &mut Batch::new());
         assert_eq!(inj.shards[1].len.load(Ordering::Relaxed), 100);
         assert_eq!(inj.shards[1].lock().len(), 100);
         assert!(inj.shards[0].looks_empty() && !inj.is_empty());
@@ -355,8 +245,8 @@ mod tests {
 
         // Shards stay separate: a steal starting at shard 1 takes shard 1's first.
         let mut got = got.into_iter();
-        inj.push_batch(0, chain(got.by_ref().take(3).collect()));
-        inj.push_batch(1, chain(got.by_ref().take(2).collect()));
+        inj.push_batch(0, &mut got.by_ref().take(3).collect());
+        inj.push_batch(1, &mut got.by_ref().take(2).collect());
         let f = inj.steal_into(1, &local).unwrap();
         assert_eq!(FiberRef::as_ptr(&f), order[3]);
         assert_eq!(local.len(), 0, "half of 2 is 1: nothing beside the one returned");
@@ -364,6 +254,31 @@ mod tests {
         assert_eq!(FiberRef::as_ptr(&f), order[0]);
         assert_eq!([0, 1].map(|i| inj.shards[i].len.load(Ordering::Relaxed)), [2, 1]);
         drop((f, got, local, inj));
+    }
+
+    /// A shard that a burst grew gives the memory back as it drains, down to what the steady
+    /// state keeps, so one burst of spawns does not hold its ring for ever.
+    #[test]
+    fn a_drained_shard_gives_back_what_a_burst_grew() {
+        let runtime = runtime();
+        let rt = runtime.handle().runtime().clone();
+        let inj = Injector::new(1);
+        let n = 16 * KEEP_CAPACITY;
+        inj.push_batch(0, &mut fibers(&rt, n));
+        assert!(inj.shards[0].lock().capacity() >= n);
+        let local = Worker::new_fifo();
+        let mut taken = 0;
+        while let Some(f) = inj.steal_into(0, &local) {
+            taken += 1 + local.len();
+            drop(f);
+            while local.pop().is_some() {}
+        }
+        assert_eq!(taken, n, "every fiber came out once");
+        let cap = inj.shards[0].lock().capacity();
+        assert!(
+            (KEEP_CAPACITY..2 * KEEP_CAPACITY).contains(&cap),
+            "capacity {cap} after draining; kept: {KEEP_CAPACITY}"
+        );
     }
 
     /// Dropping an injector that still holds fibers gives back each reference exactly once:
@@ -378,13 +293,13 @@ mod tests {
         let kept = fs.clone();
         let pool = pooled(&rt);
         let mut fs = fs.into_iter();
-        inj.push_batch(0, chain(fs.by_ref().take(20).collect()));
+        inj.push_batch(0, &mut fs.by_ref().take(20).collect());
         inj.push(3, fs.next().unwrap());
-        inj.push_batch(2, chain(fs.collect()));
-        // A partly stolen shard too, and a private chain that is dropped unpushed.
+        inj.push_batch(2, &mut fs.collect());
+        // A partly stolen shard too, and a private batch that is dropped unpushed.
         let local = Worker::new_fifo();
         let first = inj.steal_into(0, &local).unwrap();
-        let mut unpushed = Chain::new();
+        let mut unpushed = Batch::new();
         unpushed.push(first);
         while let Some(f) = local.pop() {
             unpushed.push(f);
@@ -401,12 +316,12 @@ mod tests {
 #[cfg(all(test, loom))]
 mod loom_tests {
     //! A push to any shard followed by `notify` is never missed by a carrier that registers as
-    //! a sleeper and then checks every shard. Loom cannot run the real shards (their chains
-    //! hold fiber records), so each is a loom `Mutex<VecDeque>` beside a loom atomic length,
+    //! a sleeper and then checks every shard. Loom cannot run the real shards (they hold fiber
+    //! records), so each is a loom `Mutex<VecDeque>` beside a loom atomic length,
     //! with the real shard count, mask and scan order and the real orderings: the length is
     //! stored under the lock (Relaxed), a carrier skips a shard whose length reads 0 before
     //! locking it, and the re-check is a SeqCst fence and Relaxed loads of the lengths. The
-    //! real shard is a lock too, so only the chain's pointer work is left out. The carriers and
+    //! real shard is the same ring under a lock, with fibers for numbers. The carriers and
     //! the real `Idle` are the idle model's (`idle::loom_tests`).
     use std::collections::VecDeque;
 

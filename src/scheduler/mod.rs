@@ -420,10 +420,14 @@ impl Shared {
 
     /// An unused record from the shared pool, or a new one.
     pub(crate) fn alloc_record(&self) -> NonNull<FiberRecord> {
-        match self.records.lock().unwrap_or_else(|e| e.into_inner()).pop() {
-            Some(r) => r.0,
-            None => self.roots.alloc(self.roots.outside(), self.stacks),
+        let mut pool = self.records.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(r) = pool.pop() {
+            return r.0;
         }
+        let mut spares = Vec::new();
+        let r = self.roots.alloc(self.roots.outside(), self.stacks, &mut spares);
+        pool.extend(spares.into_iter().map(RecordPtr));
+        r
     }
 
     /// Moves up to `n` pooled records into a carrier's cache.

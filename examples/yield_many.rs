@@ -1,0 +1,83 @@
+//! Yield-many, workload W5 of `shared/bench/WORKLOADS.md`: t fibers each yield y times; the
+//! caller joins all. It measures the scheduler's round trip through the run queue (a yield is
+//! one switch out, one queue push, one pop and one switch in): nanoseconds per yield (median,
+//! min and max over the ops). Small and deterministic enough to count instructions under
+//! `valgrind --tool=cachegrind` (with `VT_STACK_GUARD=mprotect`, which valgrind needs).
+//!
+//! Run: `cargo run --release --example yield_many`
+//! Flags: `--fibers T` (default 1,000), `--yields Y` per fiber (default 1,000), `--iters K`
+//! timed ops (default 20), `--carriers C` (default: the runtime's, one per usable CPU).
+
+use std::time::Instant;
+use virtual_threads as vt;
+
+/// One op: `fibers` fibers, each yielding `yields` times.
+fn yield_many(fibers: usize, yields: usize) {
+    let handles: Vec<_> = (0..fibers)
+        .map(|_| {
+            vt::spawn(move || {
+                for _ in 0..yields {
+                    vt::yield_now();
+                }
+            })
+        })
+        .collect();
+    for h in handles {
+        h.join().unwrap();
+    }
+}
+
+fn main() {
+    let (fibers, yields, iters, carriers) = parse_args().unwrap_or_else(|e| fail(&e));
+    let mut builder = vt::Runtime::builder();
+    if let Some(c) = carriers {
+        builder = builder.carriers(c);
+    }
+    let rt = builder.build().unwrap_or_else(|e| fail(&format!("cannot build the runtime: {e}")));
+    let warm_up = (iters / 10).max(2);
+    let mut secs: Vec<f64> = rt.block_on(|| {
+        let op = || {
+            let start = Instant::now();
+            yield_many(fibers, yields);
+            start.elapsed().as_secs_f64()
+        };
+        for _ in 0..warm_up {
+            op();
+        }
+        (0..iters).map(|_| op()).collect()
+    });
+    secs.sort_by(f64::total_cmp);
+    let per = |s: f64| s * 1e9 / (fibers * yields) as f64;
+    let (median, fastest, slowest) = (per(secs[iters / 2]), per(secs[0]), per(secs[iters - 1]));
+    let carriers = rt.carriers();
+    println!(
+        "yield_many: {fibers} fibers x {yields} yields per op, {carriers} carriers, {iters} ops ({warm_up} warm-up)"
+    );
+    println!("  per yield {median:>8.1} ns  median (min {fastest:.1}, max {slowest:.1})");
+}
+
+/// `--fibers T`, `--yields Y`, `--iters K`, `--carriers C`, by hand.
+fn parse_args() -> Result<(usize, usize, usize, Option<usize>), String> {
+    let (mut fibers, mut yields, mut iters, mut carriers) = (1_000, 1_000, 20, None);
+    let mut args = std::env::args().skip(1);
+    while let Some(flag) = args.next() {
+        let known = ["--fibers", "--yields", "--iters", "--carriers"].contains(&flag.as_str());
+        let number = args.next().filter(|_| known).and_then(|v| v.parse::<usize>().ok());
+        let number = number
+            .ok_or(format!("bad argument {flag} (usage: --fibers T --yields Y --iters K --carriers C)"))?;
+        match flag.as_str() {
+            "--fibers" if number > 0 => fibers = number,
+            "--yields" if number > 0 => yields = number,
+            "--iters" if number > 0 => iters = number,
+            "--carriers" => carriers = Some(number),
+            _ => return Err(format!("{flag} must be at least 1")),
+        }
+    }
+    Ok((fibers, yields, iters, carriers))
+}
+
+/// Reports an error on stderr and exits with status 1.
+fn fail(message: &str) -> ! {
+    eprintln!("yield_many: {message}");
+    std::process::exit(1)
+}
