@@ -64,7 +64,19 @@ impl<T> Synced<T> {
             // are done with it, so it can be overwritten in place.
             if let Some(slot) = Arc::get_mut(&mut spare) {
                 debug_assert!(slot.take().is_none(), "a finished slot holds no message");
-                *slot = Slot::new(SlotWaiter::Own(Waiter::new()), 0, msg);
+                match &slot.waiter {
+                    // Ours from an earlier wait (a ping-pong blocks on the same channel each
+                    // round): the same handle will do. No other party holds the slot (we have
+                    // `get_mut`), so none can still be waking the waiter: `reset`'s premise.
+                    SlotWaiter::Own(w) if slot.op == 0 && w.is_for_running_fiber() => {
+                        w.reset();
+                        slot.msg.with_mut(|m| {
+                            // SAFETY: `get_mut` gave us the only reference to the slot.
+                            unsafe { *m = msg };
+                        });
+                    }
+                    _ => *slot = Slot::new(SlotWaiter::Own(Waiter::new()), 0, msg),
+                }
                 return spare;
             }
         }

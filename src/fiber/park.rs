@@ -120,6 +120,15 @@ impl Fiber {
         }
     }
 
+    /// Whether this handle is for the fiber running this code. The handle counts its record,
+    /// so an equal pointer cannot be another fiber that reuses the record.
+    pub(crate) fn is_running_fiber(&self) -> bool {
+        match &self.inner {
+            Inner::Fiber(r) => std::ptr::eq(FiberRef::as_ptr(r), context::current_fiber()),
+            Inner::Thread(..) => false,
+        }
+    }
+
     pub(crate) fn record(&self) -> Option<&FiberRef> {
         match &self.inner {
             Inner::Fiber(r) => Some(r),

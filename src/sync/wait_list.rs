@@ -91,6 +91,16 @@ impl Waiter {
         Waiter { state: AtomicUsize::new(WAITING), fiber: loom::current() }
     }
 
+    /// Whether this waiter is for the calling fiber, so that [`Waiter::reset`] can make it
+    /// ready for another wait without a new counted handle (two locked operations on the
+    /// fiber's record saved per blocking call, W4's ping-pong).
+    pub(crate) fn is_for_running_fiber(&self) -> bool {
+        #[cfg(not(loom))]
+        return self.fiber.is_running_fiber();
+        #[cfg(loom)]
+        return false;
+    }
+
     /// Makes a finished waiter reusable for the same fiber.
     ///
     /// Precondition: the waiter is in no queue, so no party can still transition it; a waker
