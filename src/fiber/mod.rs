@@ -86,13 +86,15 @@ pub(crate) const STAGE_SAVED: u8 = 3;
 /// the fields that describe one fiber are rewritten in `init` while the record is unreachable
 /// (reference count zero, sitting in a pool), so other threads see them only as immutable.
 ///
-/// Laid out by hand, on its own cache lines: with the compiler's order (and records 16-aligned
-/// by malloc, sharing lines with their neighbours) a switch touched four or five lines of the
-/// record, and with a thousand fibers in turn those are the misses that bound a yield.
-#[repr(C, align(64))]
+/// Laid out by hand, by who touches what (`LAYOUT` below checks it): the compiler's order spread
+/// the fields a switch touches over four of the record's five lines, and with a thousand fibers
+/// in turn those misses bound a yield. The record is not aligned to a line: with 64-byte
+/// alignment a wake-up storm (W6's wake of 100,000 parked fibers on two carriers) took 25%
+/// longer, for a further 12% fewer misses in W5 (`arch/performance.md`).
+#[repr(C)]
 pub(crate) struct FiberRecord {
-    // Line 0: what every switch reads or writes (claim, resume bookkeeping, suspend, yield,
-    // park), so that a switch misses on one line of the record, not four (`LAYOUT` below).
+    // Bytes 0-63: what every switch reads or writes (claim, resume bookkeeping, suspend,
+    // yield, park), so that a switch misses on at most two lines of the record, not four.
     /// State word: `RUNNING | RUNNABLE | PARKED | DONE`, plus the `NOTIFIED` flag.
     state: StateWord,
     /// The carrier that last ran the fiber, for dumps.
@@ -125,7 +127,7 @@ pub(crate) struct FiberRecord {
     /// When the fiber entered its present state (ns since the runtime's epoch, at the runtime's
     /// coarse clock), for dumps; written only with fiber roots on.
     pub(crate) since: AtomicU64,
-    // Line 1: the coroutine (its saved stack pointer, read and written by every switch).
+    // Bytes 64-127: the coroutine (its saved stack pointer, read and written by every switch).
     /// The coroutine, built at the first run. Stacks are bound at first run, not at spawn, so
     /// a queued fiber holds none and a carrier that runs short fibers back to back reuses the
     /// same few cache-hot stacks (binding at spawn made W1 touch 10,000 cold stack pages per op).
@@ -145,9 +147,9 @@ pub(crate) struct FiberRecord {
     /// after that frame began, by the fiber or one of its descendants, so it is deeper: the
     /// runtime's drop unwinds the deepest fibers first (bug 11 in `arch/reliability.md`).
     pub(crate) depth: Cell<u32>,
-    // Line 2: what a join reads (the hand-off, the result) and what dropping a handle
-    // writes, apart from the lines the fiber's carrier writes as it runs: a join on a fiber
-    // that finished on another carrier moves one line across, not three.
+    // Bytes 128-191: what a join reads (the hand-off, the result) and what dropping a handle
+    // writes, apart from what the fiber's carrier writes as it runs: a join on a fiber that
+    // finished on another carrier moves at most two lines across, not three.
     pub(crate) stage: UnsafeCell<StageBuf>,
     /// References (`FiberRef`s); at zero the record goes back to its runtime's pool. Besides
     /// the handles, a live fiber holds one to itself and one *run reference*: held by the queue
@@ -157,7 +159,7 @@ pub(crate) struct FiberRecord {
     /// The join hand-off (`join.rs`).
     pub(crate) join: AtomicU8,
     pub(crate) stage_kind: Cell<u8>,
-    // Lines 3-4: spawn and finish.
+    // The rest: spawn and finish.
     pub(crate) vtable: Cell<&'static StageVTable>,
     /// The size class of this fiber's stack.
     class: Cell<&'static SizeClass>,
@@ -177,15 +179,16 @@ pub(crate) struct FiberRecord {
 }
 
 /// The layout the comments in `FiberRecord` describe, checked when the crate builds: the
-/// switch's fields in line 0, the coroutine in line 1, the join's in line 2, five lines in all.
+/// switch's fields in the first 64 bytes, the coroutine in the next 64, the join's in the
+/// third, five lines' worth in all.
 const LAYOUT: () = {
     use std::mem::{offset_of, size_of};
-    assert!(offset_of!(FiberRecord, since) + size_of::<u64>() <= 64, "line 0 overflowed");
-    assert!(offset_of!(FiberRecord, co) == 64, "the coroutine does not start line 1");
-    assert!(offset_of!(FiberRecord, depth) + size_of::<u32>() <= 128, "line 1 overflowed");
-    assert!(offset_of!(FiberRecord, stage) == 128, "the stage does not start line 2");
-    assert!(offset_of!(FiberRecord, stage_kind) < 192, "line 2 overflowed");
-    assert!(size_of::<FiberRecord>() == 5 * 64, "the record grew past five lines");
+    assert!(offset_of!(FiberRecord, since) + size_of::<u64>() <= 64, "the switch's bytes overflowed");
+    assert!(offset_of!(FiberRecord, co) == 64, "the coroutine does not start at 64");
+    assert!(offset_of!(FiberRecord, depth) + size_of::<u32>() <= 128, "the coroutine's bytes overflowed");
+    assert!(offset_of!(FiberRecord, stage) == 128, "the stage does not start at 128");
+    assert!(offset_of!(FiberRecord, stage_kind) < 192, "the join's bytes overflowed");
+    assert!(size_of::<FiberRecord>() <= 5 * 64, "the record grew past 320 bytes");
 };
 const _: () = LAYOUT;
 
