@@ -7,7 +7,10 @@
 //!
 //! Run: `cargo bench --bench workloads` (about 4 minutes on 2 cores, most of it std threads);
 //! `cargo bench --bench workloads -- W4` runs the workloads whose name contains `W4`;
-//! `cargo test --benches` runs each op once as a smoke test. The run has three parts:
+//! `cargo test --benches` runs each op once as a smoke test. `WORKLOADS_RUNTIMES=tokio,rayon`
+//! keeps only those peers (vt always runs), `WORKLOADS_PARTS=table,w7` only those parts
+//! (`criterion`, `table`, `w6`, `w7`); `.ci/scaling` uses both for its short runs at several
+//! widths. The run has three parts:
 //! 1. criterion groups `W1_fork_join` … `W5_yield_many`, one function per runtime: criterion's
 //!    report and its change detection against the previous run. Its samples run back to back;
 //!    std's ops are too slow for 10 samples in 2 s, so criterion warns and takes one op each.
@@ -112,18 +115,22 @@ fn main() {
     let args = Args::parse();
     let mut criterion = Criterion::default().configure_from_args();
     let peers = Peers::new();
-    for w in SUITE.iter().filter(|w| args.wants(w.id, &w.runtimes())) {
-        criterion_group(&mut criterion, &peers, w);
+    if args.part("criterion") || !args.bench {
+        for w in SUITE.iter().filter(|w| args.wants(w.id, &w.runtimes())) {
+            criterion_group(&mut criterion, &peers, &args.ops(w), w.id);
+        }
+        criterion.final_summary();
     }
-    criterion.final_summary();
     if !args.bench {
         return; // `cargo test --benches`: criterion ran each op once; that is the smoke test
     }
-    print_table(&peers, &args);
-    if args.wants("W6_parked_memory", &["vt", "tokio"]) {
+    if args.part("table") {
+        print_table(&peers, &args);
+    }
+    if args.part("w6") && args.wants("W6_parked_memory", &["vt", "tokio"]) {
         w6::report();
     }
-    if args.wants("W7_sleep_many", &["vt", "tokio"]) {
+    if args.part("w7") && args.wants("W7_sleep_many", &["vt", "tokio"]) {
         w7::report(&peers);
     }
 }
@@ -752,14 +759,14 @@ fn thread_count() -> usize {
 /// One criterion group per workload, one function per runtime: 10 samples of one or more ops.
 /// An op that takes longer than 0.2 s (std threads) gets 10 samples of one op each, and
 /// criterion warns that 10 samples do not fit in 2 s; that is expected.
-fn criterion_group(c: &mut Criterion, p: &Peers, w: &Workload) {
-    let mut group = c.benchmark_group(w.id);
+fn criterion_group(c: &mut Criterion, p: &Peers, ops: &[(&'static str, Op)], id: &str) {
+    let mut group = c.benchmark_group(id);
     group
         .sample_size(10)
         .sampling_mode(SamplingMode::Flat)
         .warm_up_time(Duration::from_secs(1))
         .measurement_time(Duration::from_secs(2));
-    for &(runtime, op) in w.ops {
+    for &(runtime, op) in ops {
         group.bench_function(runtime, |b| b.iter(|| op(p)));
     }
     group.finish();
@@ -776,14 +783,15 @@ fn print_table(p: &Peers, args: &Args) {
     );
     let mut summary = Vec::new();
     for w in SUITE.iter().filter(|w| args.wants(w.id, &w.runtimes())) {
-        let rates: Vec<Stats> = interleaved(p, w.ops)
+        let ops = args.ops(w);
+        let rates: Vec<Stats> = interleaved(p, &ops)
             .into_iter()
             .map(|times| Stats::of(times.iter().map(|t| 1.0 / t.as_secs_f64()).collect()))
             .collect();
         let vt = rates[0].median;
         let name = w.id.replacen('_', " ", 1);
         let mut line = format!("{name:<16} vt {} ops/s", num(vt));
-        for (i, ((runtime, _), r)) in w.ops.iter().zip(&rates).enumerate() {
+        for (i, ((runtime, _), r)) in ops.iter().zip(&rates).enumerate() {
             let (id, size) = if i == 0 { (name.as_str(), w.size) } else { ("", "") };
             let range = format!("{} – {}", num(r.min), num(r.max));
             let speed_up = times(vt / r.median);
@@ -835,6 +843,11 @@ struct Args {
     /// `cargo bench` (not `cargo test --benches`, not `--list`).
     bench: bool,
     filter: Option<String>,
+    /// `WORKLOADS_RUNTIMES=vt,tokio`: only these runtimes (vt always runs: the ratios are to it).
+    runtimes: Option<Vec<String>>,
+    /// `WORKLOADS_PARTS=table,w7`: only these parts of the run (`criterion`, `table`, `w6`,
+    /// `w7`), for a short run such as the 16-core scaling script (`.ci/scaling`).
+    parts: Option<Vec<String>>,
 }
 
 impl Args {
@@ -853,7 +866,26 @@ impl Args {
             let after_valued = i > 0 && VALUED.contains(&args[i - 1].as_str());
             (!a.starts_with('-') && !after_valued).then(|| a.clone())
         });
-        Args { bench: has("--bench") && !has("--test") && !has("--list") && !has("--profile-time"), filter }
+        let list = |var: &str| {
+            std::env::var(var).ok().map(|v| v.split(',').map(|x| x.trim().to_string()).collect::<Vec<_>>())
+        };
+        Args {
+            bench: has("--bench") && !has("--test") && !has("--list") && !has("--profile-time"),
+            filter,
+            runtimes: list("WORKLOADS_RUNTIMES"),
+            parts: list("WORKLOADS_PARTS"),
+        }
+    }
+
+    /// Whether this part of the run is wanted (all are, unless `WORKLOADS_PARTS` says).
+    fn part(&self, part: &str) -> bool {
+        self.parts.as_ref().is_none_or(|p| p.iter().any(|x| x == part))
+    }
+
+    /// The runtimes of a workload this run measures, vt first.
+    fn ops(&self, w: &Workload) -> Vec<(&'static str, Op)> {
+        let keep = |r: &str| r == "vt" || self.runtimes.as_ref().is_none_or(|rs| rs.iter().any(|x| x == r));
+        w.ops.iter().copied().filter(|&(r, _)| keep(r)).collect()
     }
 
     /// Whether the filter, matched as criterion matches it (`W1_fork_join/vt` contains it),
