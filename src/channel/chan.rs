@@ -66,9 +66,10 @@ impl<T> Synced<T> {
                 debug_assert!(slot.take().is_none(), "a finished slot holds no message");
                 match &slot.waiter {
                     // Ours from an earlier wait (a ping-pong blocks on the same channel each
-                    // round): the same handle will do. No other party holds the slot (we have
-                    // `get_mut`), so none can still be waking the waiter: `reset`'s premise.
-                    SlotWaiter::Own(w) if slot.op == 0 && w.is_for_running_fiber() => {
+                    // round): the same handle will do (an own slot's `op` is always 0). No other
+                    // party holds the slot (we have `get_mut`), so none can still be waking the
+                    // waiter: `reset`'s premise.
+                    SlotWaiter::Own(w) if w.is_for_running_fiber() => {
                         w.reset();
                         slot.msg.with_mut(|m| {
                             // SAFETY: `get_mut` gave us the only reference to the slot.
