@@ -17,9 +17,9 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use corosensei::CoroutineResult;
-use crossbeam_deque::{Steal, Worker};
 
 use super::injector::Batch;
+use super::run_queue::{self, Local};
 use super::{CarrierSlot, RECORD_CACHE, RuntimeRef, STOCK_BATCH, Shared, Wake, bump};
 use crate::fiber::park::{self as fpark, FiberId};
 use crate::fiber::stack::{FiberStack, SizeClass};
@@ -37,9 +37,8 @@ impl Drop for AbortOnUnwind {
     }
 }
 
-/// Local deque capacity before half of it spills to the injector (crossbeam's deque grows
-/// without bound, so the cap is ours; 256 as in Go and tokio).
-const LOCAL_CAP: usize = 256;
+/// Local queue capacity; when full, half of it spills to the injector (256 as in Go and tokio).
+const LOCAL_CAP: usize = run_queue::CAPACITY;
 /// Fibers taken from the LIFO slot in a row before the deque gets a turn (tokio: 3).
 const MAX_LIFO_STREAK: u32 = 3;
 /// Every this many ticks the inbox, the injector and the timers go first, so they never starve
@@ -63,7 +62,7 @@ pub(crate) struct Carrier {
     /// `rt.slots[index]`, resolved once: the hot paths reach it several times per switch, and
     /// the indexing (a bounds check and a multiply behind two loads) showed in the profile.
     slot: NonNull<CarrierSlot>,
-    worker: Worker<FiberRef>,
+    worker: Local<FiberRef>,
     /// A compensating carrier beyond the target count: it retires when no longer needed.
     is_spare: bool,
     lifo_streak: Cell<u32>,
@@ -84,7 +83,7 @@ pub(crate) struct Carrier {
 
 impl Carrier {
     /// The carrier thread's body.
-    pub(crate) fn run(index: usize, rt: RuntimeRef, worker: Worker<FiberRef>) {
+    pub(crate) fn run(index: usize, rt: RuntimeRef, worker: Local<FiberRef>) {
         let slot = NonNull::from(&*rt.slots[index]);
         let c = Carrier {
             index,
@@ -287,10 +286,11 @@ impl Carrier {
             self.rt.push_inbox(self.index, f);
             return;
         }
-        if self.worker.len() >= LOCAL_CAP {
+        if let Err(f) = self.worker.push(f) {
             self.spill();
+            // Half the slots are free now.
+            let _ = self.worker.push(f);
         }
-        self.worker.push(f);
     }
 
     /// The older half of a full deque to the injector: gathered privately, then appended
@@ -301,7 +301,7 @@ impl Carrier {
         // SAFETY: only this carrier's thread touches `spill`, and not reentrantly: nothing
         // below runs fiber code.
         let spill = unsafe { &mut *self.spill.get() };
-        spill.extend(std::iter::from_fn(|| self.worker.pop()).take(LOCAL_CAP / 2));
+        self.worker.take_into(spill, LOCAL_CAP / 2);
         bump(&self.slot().stats.injector_pushes, spill.len() as u64);
         self.rt.injector.push_batch(self.index, spill);
     }
@@ -453,21 +453,13 @@ impl Carrier {
             // moment, with warm caches; taking it moves a sequential chain (W3) to this carrier
             // and back, fiber by fiber. Go gives `runnext` the same grace (3 µs).
             let patient = !take_last && !vslot.location.load(Ordering::Relaxed).is_null();
-            loop {
-                if patient && vslot.stealer.len() < 2 {
-                    break;
-                }
-                // Take about half of the victim's queue.
-                let limit = vslot.stealer.len().div_ceil(2).max(1);
+            // Take about half of the victim's queue.
+            if !patient || vslot.stealer.len() >= 2 {
                 let before = self.worker.len();
-                match vslot.stealer.steal_batch_with_limit_and_pop(&self.worker, limit) {
-                    Steal::Success(f) => {
-                        let got = 1 + self.worker.len().saturating_sub(before) as u64;
-                        bump(&self.slot().stats.steals, got);
-                        return Some(f);
-                    }
-                    Steal::Empty => break,
-                    Steal::Retry => std::hint::spin_loop(),
+                if let Some(f) = vslot.stealer.steal_into(&self.worker, LOCAL_CAP / 2) {
+                    let got = 1 + self.worker.len().saturating_sub(before) as u64;
+                    bump(&self.slot().stats.steals, got);
+                    return Some(f);
                 }
             }
             // A blocked carrier cannot run the fiber it was about to run next: take it.
@@ -593,8 +585,10 @@ impl Carrier {
                 self.current.set(std::ptr::null());
                 // The common case inline: unpinned, room in the deque (what `schedule_local`
                 // decides for a yield, without its dispatch on the wake kind).
-                if f.home.load(Ordering::Relaxed) == NO_HOME && self.worker.len() < LOCAL_CAP {
-                    self.worker.push(f);
+                if f.home.load(Ordering::Relaxed) == NO_HOME {
+                    if let Err(f) = self.worker.push(f) {
+                        self.schedule_local(f, Wake::Yield);
+                    }
                 } else {
                     self.schedule_local(f, Wake::Yield);
                 }
@@ -681,7 +675,7 @@ impl Carrier {
                 rest.push(f);
             }
         }
-        rest.extend(std::iter::from_fn(|| self.worker.pop()));
+        self.worker.take_into(rest, usize::MAX);
         self.rt.injector.push_batch(self.index, rest);
     }
 

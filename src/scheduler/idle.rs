@@ -145,6 +145,7 @@ pub(super) mod loom_tests {
     use loom::thread;
 
     use super::{Idle, Unregister};
+    use crate::scheduler::run_queue::{self, Local, Remote};
     use crate::sync::loom::{Arc, AtomicBool, AtomicUsize, Mutex, Ordering, fence};
 
     /// Stand-ins for the queues a carrier looks at: its inbox, the injector, other carriers'
@@ -303,50 +304,28 @@ pub(super) mod loom_tests {
         });
     }
 
-    /// A busy carrier's deque as thieves see it: crossbeam's Chase-Lev indices with
-    /// crossbeam-deque 0.8's orderings and fences (`Worker::push`, `Stealer::is_empty`,
-    /// `Stealer::steal`, whose `epoch::pin` is a SeqCst fence), without the buffer.
-    struct Deque {
-        front: AtomicUsize,
-        back: AtomicUsize,
+    /// Work only in the submitting carrier's run queue (the real `run_queue`, holding plain
+    /// numbers): idle carriers get it by stealing.
+    struct Stealable {
+        owner: Local<usize>,
+        remote: Remote<usize>,
     }
 
-    impl Deque {
-        fn new() -> Deque {
-            Deque { front: AtomicUsize::new(0), back: AtomicUsize::new(0) }
+    // SAFETY: `owner` is used by the submitting thread alone (the model's main thread, in
+    // `submit`); the carriers use only `remote`, which is `Sync`.
+    unsafe impl Sync for Stealable {}
+
+    impl Stealable {
+        fn new() -> Stealable {
+            let (owner, remote) = run_queue::new(4);
+            Stealable { owner, remote }
         }
 
-        /// Owner only.
+        /// `schedule_local(Wake::Spawn)`'s push; the model's caller notifies after it.
         fn push(&self) {
-            let b = self.back.load(Ordering::Relaxed);
-            fence(Ordering::Release);
-            self.back.store(b + 1, Ordering::Relaxed);
-        }
-
-        fn is_empty(&self) -> bool {
-            let f = self.front.load(Ordering::Acquire);
-            fence(Ordering::SeqCst);
-            self.back.load(Ordering::Acquire) <= f
-        }
-
-        fn steal(&self) -> bool {
-            loop {
-                let f = self.front.load(Ordering::Acquire);
-                fence(Ordering::SeqCst);
-                if self.back.load(Ordering::Acquire) <= f {
-                    return false;
-                }
-                if self.front.compare_exchange(f, f + 1, Ordering::SeqCst, Ordering::Relaxed).is_ok() {
-                    return true;
-                }
-                // Another thief took it (`Steal::Retry`).
-                thread::yield_now();
-            }
+            self.owner.push(1).expect("the model queues fewer fibers than the ring holds");
         }
     }
-
-    /// Work only in the submitting carrier's deque: idle carriers get it by searching.
-    struct Stealable(Deque);
 
     impl Queues for Stealable {
         fn take_unsearched(&self, _me: usize) -> bool {
@@ -354,11 +333,13 @@ pub(super) mod loom_tests {
         }
 
         fn steal(&self, _me: usize) -> bool {
-            self.0.steal()
+            // The thief's own queue: a limit of one leaves nothing to move into it.
+            let (mine, _) = run_queue::new::<usize>(2);
+            self.remote.steal_into(&mine, 1).is_some()
         }
 
         fn visible(&self, _me: usize, can_search: &dyn Fn() -> bool) -> bool {
-            can_search() && !self.0.is_empty()
+            can_search() && !self.remote.is_empty()
         }
     }
 
@@ -370,9 +351,9 @@ pub(super) mod loom_tests {
             2,
             3,
             1,
-            || Stealable(Deque::new()),
+            || Stealable::new(),
             |m| {
-                m.queues.0.push();
+                m.queues.push();
                 m.notify();
             },
         );
@@ -388,10 +369,10 @@ pub(super) mod loom_tests {
             2,
             2,
             2,
-            || Stealable(Deque::new()),
+            || Stealable::new(),
             |m| {
                 for _ in 0..2 {
-                    m.queues.0.push();
+                    m.queues.push();
                     m.notify();
                 }
             },

@@ -21,9 +21,8 @@ use std::collections::VecDeque;
 use std::sync::atomic::{AtomicUsize, Ordering, fence};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
-use crossbeam_deque::Worker;
-
 use super::CachePadded;
+use super::run_queue::Local;
 use crate::fiber::FiberRef;
 
 /// Most fibers one `steal_into` takes from a shard (crossbeam's injector took up to 33), so one
@@ -107,9 +106,10 @@ impl Injector {
     }
 
     /// Takes a batch from the first non-empty shard, starting at `start`: up to half the
-    /// shard, at most `STEAL_BATCH`, under one lock. All but the oldest go to `local`, in
-    /// order; the oldest is returned to run.
-    pub(crate) fn steal_into(&self, start: usize, local: &Worker<FiberRef>) -> Option<FiberRef> {
+    /// shard, at most `STEAL_BATCH` and what fits in `local`, under one lock. All but the
+    /// oldest go to `local`, in order; the oldest is returned to run.
+    pub(crate) fn steal_into(&self, start: usize, local: &Local<FiberRef>) -> Option<FiberRef> {
+        let room = local.free();
         for k in 0..self.shards.len() {
             let s = &self.shards[(start + k) & self.mask];
             if s.looks_empty() {
@@ -119,10 +119,11 @@ impl Injector {
             // Empty only if another carrier emptied the shard after our look.
             let Some(first) = q.pop_front() else { continue };
             // Pointer copies into our own deque: short enough to do under the lock.
-            let n = (q.len() + 1).div_ceil(2).min(STEAL_BATCH) - 1;
-            for f in q.drain(..n) {
-                local.push(f);
-            }
+            let n = (q.len() + 1).div_ceil(2).min(STEAL_BATCH).min(room + 1) - 1;
+            // `n` fits in `local`, so the drain is used up (what it left would be dropped).
+            let rest = local.extend(q.drain(..n));
+            debug_assert_eq!(rest.len(), 0);
+            drop(rest);
             s.settle(&mut q);
             return Some(first);
         }
@@ -229,7 +230,7 @@ mod tests {
         assert!(inj.shards[0].looks_empty() && !inj.is_empty());
 
         // Steals from shard 0 onwards find shard 1: half of it, capped at STEAL_BATCH.
-        let local = Worker::new_fifo();
+        let (local, _) = crate::scheduler::run_queue::new(256);
         let mut got = Vec::new();
         let mut sizes = Vec::new();
         while let Some(f) = inj.steal_into(0, &local) {
@@ -266,7 +267,7 @@ mod tests {
         let n = 16 * KEEP_CAPACITY;
         inj.push_batch(0, &mut fibers(&rt, n));
         assert!(inj.shards[0].lock().capacity() >= n);
-        let local = Worker::new_fifo();
+        let (local, _) = crate::scheduler::run_queue::new(256);
         let mut taken = 0;
         while let Some(f) = inj.steal_into(0, &local) {
             taken += 1 + local.len();
@@ -297,7 +298,7 @@ mod tests {
         inj.push(3, fs.next().unwrap());
         inj.push_batch(2, &mut fs.collect());
         // A partly stolen shard too, and a private batch that is dropped unpushed.
-        let local = Worker::new_fifo();
+        let (local, _) = crate::scheduler::run_queue::new(256);
         let first = inj.steal_into(0, &local).unwrap();
         let mut unpushed = Batch::new();
         unpushed.push(first);

@@ -11,6 +11,7 @@ mod idle;
 mod injector;
 pub(crate) mod locations;
 pub(crate) mod roots;
+mod run_queue;
 pub(crate) mod supervisor;
 
 use std::collections::VecDeque;
@@ -21,8 +22,6 @@ use std::sync::atomic::{AtomicBool, AtomicI32, AtomicPtr, AtomicU64, AtomicUsize
 use std::sync::{Mutex, OnceLock};
 use std::thread::Thread;
 use std::time::Instant;
-
-use crossbeam_deque::{Stealer, Worker};
 
 use crate::fiber::stack::SizeClass;
 use crate::fiber::{FiberRecord, FiberRef, NO_HOME};
@@ -68,7 +67,7 @@ pub(crate) enum Wake {
 
 /// The part of a carrier that other threads touch.
 pub(crate) struct CarrierSlot {
-    pub(crate) stealer: Stealer<FiberRef>,
+    pub(crate) stealer: run_queue::Remote<FiberRef>,
     /// Fibers that may run only on this carrier (pinned). Not stealable.
     pub(crate) inbox: Mutex<VecDeque<FiberRef>>,
     pub(crate) inbox_len: AtomicUsize,
@@ -189,7 +188,7 @@ pub(crate) struct Shared {
     /// Retired spare carriers, parked, to reuse before starting new threads.
     spares: Mutex<Vec<usize>>,
     /// The deques of slots that have no thread yet.
-    unstarted: Mutex<Vec<Option<Worker<FiberRef>>>>,
+    unstarted: Mutex<Vec<Option<run_queue::Local<FiberRef>>>>,
     /// Carrier threads to join at shutdown.
     pub(crate) threads: Mutex<Vec<std::thread::JoinHandle<()>>>,
     pub(crate) supervisor_thread: OnceLock<Thread>,
@@ -220,8 +219,8 @@ impl Shared {
     /// State for `config.max_carriers` carrier slots; no thread is started yet.
     pub(crate) fn new(config: Config, reactor: Reactor) -> Shared {
         let n = config.carriers;
-        let workers: Vec<Worker<FiberRef>> = (0..config.max_carriers).map(|_| Worker::new_fifo()).collect();
-        let stealers: Vec<Stealer<FiberRef>> = workers.iter().map(Worker::stealer).collect();
+        let (workers, stealers): (Vec<_>, Vec<_>) =
+            (0..config.max_carriers).map(|_| run_queue::new(run_queue::CAPACITY)).unzip();
         let stacks = SizeClass::get(config.stack_size);
         Shared {
             refs: AtomicUsize::new(0),
