@@ -522,6 +522,19 @@ impl Carrier {
     }
 
     fn run_claimed(&self, f: FiberRef) {
+        // Start the loads this switch and the next will wait on, so they overlap the
+        // bookkeeping below and this fiber's run: the line its resume pops registers from, and
+        // the next queued fiber's record (the fields a claim and a resume read).
+        let sp = f.parked_sp.load(Ordering::Relaxed);
+        if sp != 0 {
+            crate::platform::prefetch(sp);
+        }
+        let next = self.worker.peek_word();
+        if next != 0 {
+            crate::platform::prefetch(next);
+            crate::platform::prefetch(next + 64);
+            crate::platform::prefetch(next + 127);
+        }
         let slot = self.slot();
         self.current.set(FiberRef::as_ptr(&f));
         if !f.started.replace(true) {

@@ -177,6 +177,15 @@ impl<T: Entry> Local<T> {
         items
     }
 
+    /// The word of the entry a `pop` would take next, or 0: only a hint (a thief may take it
+    /// meanwhile), for prefetching.
+    #[inline]
+    pub(crate) fn peek_word(&self) -> usize {
+        let r = &*self.ring;
+        let h = r.head.load(Ordering::Relaxed);
+        if r.tail.load(Ordering::Relaxed) == h { 0 } else { r.slots[h & r.mask].load(Ordering::Relaxed) }
+    }
+
     pub(crate) fn len(&self) -> usize {
         let r = &*self.ring;
         r.tail.load(Ordering::Relaxed).wrapping_sub(r.head.load(Ordering::Acquire))
@@ -284,8 +293,11 @@ mod tests {
             assert_eq!(*back.0, 99);
             assert_eq!((local.len(), remote.len(), local.free()), (4, 4, 0));
             for i in 0..4 {
+                // SAFETY: the word is the next entry's box, still owned by the queue: read, not taken.
+                assert_eq!(unsafe { *(local.peek_word() as *const usize) }, base + i);
                 assert_eq!(val(local.pop()), Some(base + i), "FIFO across the wrap");
             }
+            assert_eq!(local.peek_word(), 0);
             assert!(local.pop().is_none() && remote.is_empty());
         }
     }
