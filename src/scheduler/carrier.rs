@@ -510,6 +510,36 @@ impl Carrier {
         self.run_claimed(f);
     }
 
+    /// Starts the loads that this switch and the next two will wait on, so that they overlap
+    /// the bookkeeping and the fibers' runs instead of forming a chain of misses (queue entry →
+    /// record → saved stack pointer → the stack line a resume pops registers from): this
+    /// fiber's stack line, the next queued fiber's stack line (its record was prefetched one
+    /// switch ago), and the record of the one after it.
+    #[inline]
+    fn prefetch_ahead(&self, f: &FiberRecord) {
+        use crate::platform::prefetch;
+        let sp = f.parked_sp.load(Ordering::Relaxed);
+        if sp != 0 {
+            prefetch(sp);
+        }
+        let next = self.worker.peek_word(0);
+        if next != 0 {
+            // SAFETY: a run-queue slot only ever holds a record pointer this carrier pushed, and
+            // records are freed only when the runtime is dropped, so even a stale one (taken by
+            // a thief meanwhile) is live memory; `parked_sp` is atomic, and only a hint here.
+            let sp = unsafe { &*(next as *const FiberRecord) }.parked_sp.load(Ordering::Relaxed);
+            if sp != 0 {
+                prefetch(sp);
+            }
+        }
+        let after = self.worker.peek_word(1);
+        if after != 0 {
+            prefetch(after);
+            prefetch(after + 64);
+            prefetch(after + 127);
+        }
+    }
+
     /// A fiber parked long ago: copy its stack back before it runs (see `fiber/compact.rs`).
     #[cold]
     #[inline(never)]
@@ -522,19 +552,7 @@ impl Carrier {
     }
 
     fn run_claimed(&self, f: FiberRef) {
-        // Start the loads this switch and the next will wait on, so they overlap the
-        // bookkeeping below and this fiber's run: the line its resume pops registers from, and
-        // the next queued fiber's record (the fields a claim and a resume read).
-        let sp = f.parked_sp.load(Ordering::Relaxed);
-        if sp != 0 {
-            crate::platform::prefetch(sp);
-        }
-        let next = self.worker.peek_word();
-        if next != 0 {
-            crate::platform::prefetch(next);
-            crate::platform::prefetch(next + 64);
-            crate::platform::prefetch(next + 127);
-        }
+        self.prefetch_ahead(&f);
         let slot = self.slot();
         self.current.set(FiberRef::as_ptr(&f));
         if !f.started.replace(true) {

@@ -177,13 +177,18 @@ impl<T: Entry> Local<T> {
         items
     }
 
-    /// The word of the entry a `pop` would take next, or 0: only a hint (a thief may take it
-    /// meanwhile), for prefetching.
+    /// The word of the entry `i` places behind the head (0: the one a `pop` would take next),
+    /// or 0 if there is none: only a hint (a thief may take it meanwhile), for prefetching.
+    /// Whatever it returns, a slot only ever holds a word this owner pushed.
     #[inline]
-    pub(crate) fn peek_word(&self) -> usize {
+    pub(crate) fn peek_word(&self, i: usize) -> usize {
         let r = &*self.ring;
-        let h = r.head.load(Ordering::Relaxed);
-        if r.tail.load(Ordering::Relaxed) == h { 0 } else { r.slots[h & r.mask].load(Ordering::Relaxed) }
+        let h = r.head.load(Ordering::Relaxed).wrapping_add(i);
+        if r.tail.load(Ordering::Relaxed).wrapping_sub(h) as isize <= 0 {
+            0
+        } else {
+            r.slots[h & r.mask].load(Ordering::Relaxed)
+        }
     }
 
     pub(crate) fn len(&self) -> usize {
@@ -294,10 +299,10 @@ mod tests {
             assert_eq!((local.len(), remote.len(), local.free()), (4, 4, 0));
             for i in 0..4 {
                 // SAFETY: the word is the next entry's box, still owned by the queue: read, not taken.
-                assert_eq!(unsafe { *(local.peek_word() as *const usize) }, base + i);
+                assert_eq!(unsafe { *(local.peek_word(0) as *const usize) }, base + i);
                 assert_eq!(val(local.pop()), Some(base + i), "FIFO across the wrap");
             }
-            assert_eq!(local.peek_word(), 0);
+            assert_eq!((local.peek_word(0), local.peek_word(1)), (0, 0));
             assert!(local.pop().is_none() && remote.is_empty());
         }
     }
