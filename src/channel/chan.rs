@@ -357,7 +357,23 @@ impl<T> Chan<T> {
 
     /// Arms the fast slot for the calling receiver: if it is (or becomes) the slot's owner and
     /// the locked state is empty. Returns false if the receiver must take the locked path.
+    #[inline]
     fn arm_fast(&self, me: usize) -> bool {
+        // The owner's steady state (ping-pong, a consumer): its last delivery taken, the slot
+        // still `READY`. Release: the next sender sees that we took the message out. (Our id in
+        // `fast_owner` was stored by ourselves, so Relaxed reads it.)
+        if self.fast.load(Ordering::Relaxed) == READY
+            && self.fast_owner.load(Ordering::Relaxed) == me
+            && self.fast.compare_exchange(READY, ARMED, Ordering::Release, Ordering::Relaxed).is_ok()
+        {
+            return true;
+        }
+        self.arm_fast_slow(me)
+    }
+
+    /// `arm_fast` in every other state: binding, re-arming after a timeout, or refusing.
+    #[inline(never)]
+    fn arm_fast_slow(&self, me: usize) -> bool {
         let mut w = self.fast.load(Ordering::Acquire);
         loop {
             if w & SLOW != 0 {
@@ -523,11 +539,20 @@ impl<T> Chan<T> {
     }
 
     /// Blocking send with an optional deadline.
+    #[inline]
     pub(crate) fn send(&self, msg: T, deadline: Option<Instant>) -> Result<(), SendTimeoutError<T>> {
-        let mut msg = match self.try_send_fast(msg) {
-            Ok(()) => return Ok(()),
-            Err(msg) => msg,
-        };
+        // The hand-off is inlined into the caller; the locked path, with its many live values,
+        // is a call of its own, so that the hand-off does not pay for its register saves.
+        match self.try_send_fast(msg) {
+            Ok(()) => Ok(()),
+            Err(msg) => self.send_locked(msg, deadline),
+        }
+    }
+
+    /// `send` on the locked path.
+    #[inline(never)]
+    fn send_locked(&self, msg: T, deadline: Option<Instant>) -> Result<(), SendTimeoutError<T>> {
+        let mut msg = msg;
         loop {
             let mut synced = self.lock();
             match self.try_send_locked(&mut synced, msg) {
@@ -613,8 +638,23 @@ impl<T> Chan<T> {
     }
 
     /// Blocking receive with an optional deadline.
+    #[inline]
     pub(crate) fn recv(&self, deadline: Option<Instant>) -> Result<T, RecvTimeoutError> {
+        // As in `send`: the fast slot's wait inline, the locked path a call of its own.
         let me = loom::current_id();
+        if me != 0 && deadline.is_none() && self.arm_fast(me) {
+            match self.wait_fast(None) {
+                Some(Ok(msg)) => return Ok(msg),
+                Some(Err(())) => unreachable!("an untimed wait does not time out"),
+                None => {}
+            }
+        }
+        self.recv_locked(me, deadline)
+    }
+
+    /// `recv` on the locked path, and its timed waits in the fast slot.
+    #[inline(never)]
+    fn recv_locked(&self, me: usize, deadline: Option<Instant>) -> Result<T, RecvTimeoutError> {
         loop {
             // Plain threads (id 0) keep to the locked path. Under loom every deadline has
             // passed, and the model wants the fast slot's timeout race, so it arms anyway.
