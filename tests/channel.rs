@@ -341,6 +341,38 @@ fn timeouts_racing_hand_offs_lose_nothing() {
     }
 }
 
+/// The fast slot (`arch/sync.md`): the first fiber to block on a channel owns it for the
+/// channel's life. Its hand-offs, with the two fibers on two carriers, keep order and lose
+/// nothing; once it has finished, other receivers (a fiber, a plain thread) are still served.
+#[test]
+fn fast_slot_owner_then_other_receivers() {
+    const ROUNDS: u64 = 20_000;
+    rt().block_on(|| {
+        let (tx, rx) = channel::bounded::<u64>(1);
+        let (back_tx, back_rx) = channel::bounded::<u64>(0);
+        let rx1 = rx.clone();
+        let owner = vt::spawn(move || {
+            for i in 0..ROUNDS {
+                assert_eq!(rx1.recv(), Ok(i));
+                back_tx.send(i).unwrap();
+            }
+        });
+        for i in 0..ROUNDS {
+            tx.send(i).unwrap();
+            assert_eq!(back_rx.recv(), Ok(i));
+        }
+        owner.join().unwrap();
+        let rx2 = rx.clone();
+        let fiber = vt::spawn(move || rx2.recv().unwrap());
+        let thread = std::thread::spawn(move || rx.recv().unwrap());
+        tx.send(1).unwrap();
+        tx.send(2).unwrap();
+        let mut got = [fiber.join().unwrap(), thread.join().unwrap()];
+        got.sort_unstable();
+        assert_eq!(got, [1, 2]);
+    });
+}
+
 #[test]
 fn select_is_fair_between_ready_arms() {
     const ROUNDS: usize = 10_000;

@@ -17,6 +17,14 @@
 //!    empty buffer, and every send serves a waiting receiver before buffering).
 //! 2. A `WAITING` send slot exists only while the buffer is full (for `bounded(0)`: always).
 //!
+//! The fast slot: one receiver fiber per channel (the first to block on it; the slot is bound
+//! to it for the channel's life) parks in a slot of the channel itself, announced by the
+//! `fast` word, and senders hand it a message without the inner lock: one CAS claims the
+//! slot, a Release `fetch_add` publishes the message, and the unpark follows. The receiver
+//! re-arms it with one CAS. Everyone who takes the inner lock first sets `SLOW` in the word,
+//! which stops receivers arming, and clears it when leaving the locked state empty, so a
+//! parked fast receiver always means an empty buffer (invariant 1) and is the oldest receiver.
+//!
 //! Protocol, message-slot ownership rules and proof sketch: `arch/sync.md`.
 
 use std::collections::VecDeque;
@@ -25,8 +33,8 @@ use std::sync::PoisonError;
 use std::time::Instant;
 
 use super::error::{RecvTimeoutError, SendTimeoutError, TryRecvError, TrySendError};
-use crate::sync::loom::{self, Arc, AtomicUsize, UnsafeCell};
-use crate::sync::wait_list::{Entry, Outcome, WaitQueue, WaitReason, Waiter};
+use crate::sync::loom::{self, Arc, AtomicUsize, Fiber, Ordering, UnsafeCell};
+use crate::sync::wait_list::{self, Entry, Outcome, WaitQueue, WaitReason, Waiter};
 
 /// The capacity of an unbounded channel.
 pub(crate) const UNBOUNDED: usize = usize::MAX;
@@ -35,14 +43,48 @@ pub(crate) const UNBOUNDED: usize = usize::MAX;
 /// keeps waiting) does not allocate: a slot is reused once its owner and server dropped it.
 const SPARE_SLOTS: usize = 4;
 
+/// The `fast` word: a tag in bits 0-1, `SLOW` in bit 2.
+const TAG: usize = 3;
+/// Nobody parked in the fast slot; its owner (or, while unbound, anyone) may arm it.
+const IDLE: usize = 0;
+/// The owner is parked (or about to park) in the fast slot.
+const ARMED: usize = 1;
+/// One party holds the slot: a sender filling it, or a receiver binding it.
+const CLAIMED: usize = 2;
+/// A delivery for the owner: `fast_msg` holds a message, or `None` for "the senders are gone".
+/// Only the owner moves the slot on from here (it re-arms it at its next wait).
+const READY: usize = 3;
+/// The locked state is not empty (buffer, queued slots, disconnection): the owner may not arm.
+/// Set by everyone who takes the inner lock, cleared under it.
+const SLOW: usize = 4;
+
 pub(crate) struct Chan<T> {
     synced: loom::Mutex<Synced<T>>,
     cap: usize,
+    /// The fast slot's state: `IDLE`, `ARMED`, `CLAIMED` or `READY`, plus `SLOW`.
+    fast: AtomicUsize,
+    /// The receiver the fast slot is bound to (`loom::current_id`), 0 while unbound. Written
+    /// once, by the binder, while it holds the slot `CLAIMED`.
+    fast_owner: AtomicUsize,
+    /// The owner's handle, written once with `fast_owner`, then only read (by the senders that
+    /// unpark it), until the channel is dropped.
+    fast_fiber: UnsafeCell<Option<Fiber>>,
+    /// The delivery: written by the sender holding the slot `CLAIMED`, taken by the owner once
+    /// it saw `READY`.
+    fast_msg: UnsafeCell<Option<T>>,
     /// Live `Sender` handles; the last one to go disconnects the receivers.
     pub(crate) senders: AtomicUsize,
     /// Live `Receiver` handles; the last one to go disconnects the senders.
     pub(crate) receivers: AtomicUsize,
 }
+
+// SAFETY: the fast slot's cells are accessed as the `fast` word's protocol allows (one party
+// at a time, each hand-over ordered by a Release/Acquire pair on the word; `fast_fiber` is
+// written once before any reader can reach it), so a shared `Chan` only moves `T` between
+// threads (`T: Send`); the rest is `Sync` when `T: Send`.
+unsafe impl<T: Send> Sync for Chan<T> {}
+// SAFETY: as above; a `Chan` owns its buffered and fast-slot messages.
+unsafe impl<T: Send> Send for Chan<T> {}
 
 /// State guarded by `Chan::synced`.
 struct Synced<T> {
@@ -56,6 +98,15 @@ struct Synced<T> {
 }
 
 impl<T> Synced<T> {
+    /// Nothing buffered, queued or disconnected: the owner of the fast slot may arm it.
+    fn is_quiet(&self) -> bool {
+        self.buf.is_empty()
+            && self.senders.is_empty()
+            && self.receivers.is_empty()
+            && !self.senders_gone
+            && !self.receivers_gone
+    }
+
     /// A slot for a plain (not `select!`) blocking call of the calling fiber: a spare one that
     /// nobody else holds any more if there is one, else a new one.
     fn own_slot(&mut self, msg: Option<T>) -> Arc<Slot<T>> {
@@ -163,14 +214,54 @@ impl<T> Entry for Arc<Slot<T>> {
     }
 }
 
+/// The inner lock, held: the fast slot is closed to arming (`SLOW`) from the moment it is
+/// taken, and reopened on release if the locked state was left empty.
+struct Guard<'a, T> {
+    chan: &'a Chan<T>,
+    synced: loom::MutexGuard<'a, Synced<T>>,
+}
+
+impl<T> std::ops::Deref for Guard<'_, T> {
+    type Target = Synced<T>;
+    fn deref(&self) -> &Synced<T> {
+        &self.synced
+    }
+}
+
+impl<T> std::ops::DerefMut for Guard<'_, T> {
+    fn deref_mut(&mut self) -> &mut Synced<T> {
+        &mut self.synced
+    }
+}
+
+impl<T> Drop for Guard<'_, T> {
+    fn drop(&mut self) {
+        if self.synced.is_quiet() {
+            // Under the lock, before it is released: the state cannot change in between.
+            // Relaxed: the owner's arm reads nothing the locked state guards; it only needs
+            // the bit, and the lock orders every setter and clearer of it.
+            self.chan.fast.fetch_and(!SLOW, Ordering::Relaxed);
+        }
+    }
+}
+
 /// A slot that was just granted or woken: unpark its waiter once the inner lock is released.
 #[must_use = "the waiter must be unparked after the inner lock is released"]
-pub(crate) struct Wake<T>(Option<Arc<Slot<T>>>);
+pub(crate) struct Wake<'a, T>(WakeKind<'a, T>);
 
-impl<T> Wake<T> {
+enum WakeKind<'a, T> {
+    None,
+    Slot(Arc<Slot<T>>),
+    /// The fast slot was filled: unpark its owner.
+    Fast(&'a Chan<T>),
+}
+
+impl<T> Wake<'_, T> {
     pub(crate) fn unpark(self) {
-        if let Some(slot) = self.0 {
-            slot.waiter().unpark();
+        match self.0 {
+            WakeKind::None => {}
+            WakeKind::Slot(slot) => slot.waiter().unpark(),
+            WakeKind::Fast(chan) => chan.unpark_fast(),
         }
     }
 }
@@ -187,14 +278,207 @@ impl<T> Chan<T> {
                 spare: Vec::new(),
             }),
             cap,
+            fast: AtomicUsize::new(IDLE),
+            fast_owner: AtomicUsize::new(0),
+            fast_fiber: UnsafeCell::new(None),
+            fast_msg: UnsafeCell::new(None),
             senders: AtomicUsize::new(1),
             receivers: AtomicUsize::new(1),
         }
     }
 
-    fn lock(&self) -> loom::MutexGuard<'_, Synced<T>> {
+    fn lock(&self) -> Guard<'_, T> {
         // Nothing panics with the inner lock held, so poisoning cannot carry information.
-        self.synced.lock().unwrap_or_else(PoisonError::into_inner)
+        let synced = self.synced.lock().unwrap_or_else(PoisonError::into_inner);
+        // Under the lock, before looking at anything: from here on no receiver arms the fast
+        // slot, so one parked there now (`ARMED`) is the only one and is served first, and
+        // none appears while this holder fills the buffer. Relaxed: the lock orders the bit
+        // among holders; a sender that then claims the slot reads it with its own Acquire.
+        self.fast.fetch_or(SLOW, Ordering::Relaxed);
+        Guard { chan: self, synced }
+    }
+
+    // ---- the fast slot -------------------------------------------------------------------
+
+    /// Claims the fast slot if its owner is parked there (`ARMED → CLAIMED`, keeping `SLOW`).
+    fn claim_armed(&self) -> bool {
+        let mut w = self.fast.load(Ordering::Relaxed);
+        while w & TAG == ARMED {
+            // Acquire pairs with the owner's arming Release: it took its last message out
+            // of `fast_msg` before, and `fast_fiber` is bound.
+            match self.fast.compare_exchange_weak(
+                w,
+                w - ARMED + CLAIMED,
+                Ordering::Acquire,
+                Ordering::Relaxed,
+            ) {
+                Ok(_) => return true,
+                Err(actual) => w = actual,
+            }
+        }
+        false
+    }
+
+    /// Fills the claimed fast slot (`None`: the senders are gone) and publishes it
+    /// (`CLAIMED → READY`). The caller unparks the owner next (`unpark_fast`), outside the
+    /// inner lock if it holds it.
+    fn fill_fast(&self, msg: Option<T>) {
+        self.fast_msg.with_mut(|m| {
+            // SAFETY: we hold the slot `CLAIMED`: the owner reads the cell only after `READY`
+            // and emptied it before arming (ordered by our claim's Acquire), and no other
+            // sender can claim it. So this overwrites `None` and drops nothing.
+            unsafe { *m = msg };
+        });
+        // An RMW, not a store: a lock holder may set or clear `SLOW` meanwhile. Release pairs
+        // with the owner's Acquire load of `READY`: the message is visible to it.
+        self.fast.fetch_add(READY - CLAIMED, Ordering::Release);
+    }
+
+    /// Unparks the fast slot's owner after `fill_fast`.
+    fn unpark_fast(&self) {
+        self.fast_fiber.with(|fiber| {
+            // SAFETY: `fast_fiber` was written once, before the owner first armed the slot
+            // (our claim's Acquire saw that), and is never written again while `self` lives.
+            if let Some(fiber) = unsafe { &*fiber } {
+                fiber.unpark();
+            }
+        });
+    }
+
+    /// Hands `msg` to the fast slot's owner if it is parked there, without the inner lock.
+    fn try_send_fast(&self, msg: T) -> Result<(), T> {
+        if !self.claim_armed() {
+            return Err(msg);
+        }
+        self.fill_fast(Some(msg));
+        self.unpark_fast();
+        Ok(())
+    }
+
+    /// Arms the fast slot for the calling receiver: if it is (or becomes) the slot's owner and
+    /// the locked state is empty. Returns false if the receiver must take the locked path.
+    #[inline]
+    fn arm_fast(&self, me: usize) -> bool {
+        // The owner's steady state (ping-pong, a consumer): its last delivery taken, the slot
+        // still `READY`. Release: the next sender sees that we took the message out. (Our id in
+        // `fast_owner` was stored by ourselves, so Relaxed reads it.)
+        if self.fast.load(Ordering::Relaxed) == READY
+            && self.fast_owner.load(Ordering::Relaxed) == me
+            && self.fast.compare_exchange(READY, ARMED, Ordering::Release, Ordering::Relaxed).is_ok()
+        {
+            return true;
+        }
+        self.arm_fast_slow(me)
+    }
+
+    /// `arm_fast` in every other state: binding, re-arming after a timeout, or refusing.
+    #[inline(never)]
+    fn arm_fast_slow(&self, me: usize) -> bool {
+        let mut w = self.fast.load(Ordering::Acquire);
+        loop {
+            if w & SLOW != 0 {
+                return false;
+            }
+            let owner = self.fast_owner.load(Ordering::Acquire);
+            if owner == 0 && w == IDLE {
+                // Unbound: bind it to us, then arm like its owner (binding happens once).
+                if self.fast.compare_exchange(IDLE, CLAIMED, Ordering::Acquire, Ordering::Relaxed).is_ok() {
+                    if self.fast_owner.load(Ordering::Relaxed) == 0 {
+                        self.fast_fiber.with_mut(|fiber| {
+                            // SAFETY: we hold the slot `CLAIMED` and it is unbound, so nobody
+                            // reads the cell (senders reach it only through an armed slot).
+                            unsafe { *fiber = Some(loom::current()) };
+                        });
+                        // Release: whoever reads our id (Acquire) reads the handle too.
+                        self.fast_owner.store(me, Ordering::Release);
+                    }
+                    // Back to `IDLE`, keeping a `SLOW` set meanwhile.
+                    w = self.fast.fetch_sub(CLAIMED, Ordering::AcqRel) - CLAIMED;
+                } else {
+                    w = self.fast.load(Ordering::Acquire);
+                }
+                continue;
+            }
+            // `READY` is left only by its owner, and only the owner arms a bound slot, so a
+            // CAS from a word we saw cannot arm somebody else's slot.
+            if owner != me || !(w == IDLE || w == READY) {
+                return false;
+            }
+            // Release: the next sender (its claim's Acquire) sees that we took the last
+            // message out of `fast_msg`.
+            match self.fast.compare_exchange(w, ARMED, Ordering::Release, Ordering::Acquire) {
+                Ok(_) => return true,
+                Err(actual) => w = actual,
+            }
+        }
+    }
+
+    /// The owner leaves an armed fast slot at its deadline; false if a sender claimed it
+    /// first (the delivery then follows at once).
+    fn cancel_fast(&self) -> bool {
+        let mut w = self.fast.load(Ordering::Relaxed);
+        while w & TAG == ARMED {
+            // Relaxed: nothing was handed over, and we touch no cell.
+            match self.fast.compare_exchange_weak(w, w - ARMED + IDLE, Ordering::Relaxed, Ordering::Relaxed) {
+                Ok(_) => return true,
+                Err(actual) => w = actual,
+            }
+        }
+        false
+    }
+
+    /// Takes the delivery the owner saw `READY` for; `None` means the senders are gone.
+    fn take_fast(&self) -> Option<T> {
+        self.fast_msg.with_mut(|m| {
+            // SAFETY: we are the owner and saw `READY` with Acquire (pairing with the filler's
+            // Release), and nobody writes the cell until we arm the slot again.
+            unsafe { (*m).take() }
+        })
+    }
+
+    /// The owner waits in its armed fast slot. `None`: the senders disconnected (retry on the
+    /// locked path); `Some(Err(()))`: timed out.
+    fn wait_fast(&self, deadline: Option<Instant>) -> Option<Result<T, ()>> {
+        // The runtime's drop may unwind this fiber from inside its park: leave the slot, or
+        // hand on a message already delivered. Must not park or panic.
+        struct OnUnwind<'a, T>(&'a Chan<T>);
+        impl<T> Drop for OnUnwind<'_, T> {
+            fn drop(&mut self) {
+                let chan = self.0;
+                if chan.cancel_fast() {
+                    return;
+                }
+                // Claimed: the filler is between its claim and its publish, with no call that
+                // can block in between, so this wait is short.
+                while chan.fast.load(Ordering::Acquire) & TAG != READY {
+                    std::thread::yield_now();
+                }
+                if let Some(msg) = chan.take_fast() {
+                    chan.hand_on(msg);
+                }
+            }
+        }
+        let guard = OnUnwind(self);
+        let mut deadline = deadline;
+        let result = loop {
+            // Acquire pairs with `fill_fast`'s Release.
+            if self.fast.load(Ordering::Acquire) & TAG == READY {
+                break self.take_fast().map(Ok);
+            }
+            if let Some(d) = deadline {
+                if loom::expired(d) {
+                    if self.cancel_fast() {
+                        break Some(Err(()));
+                    }
+                    // A sender claimed the slot first: its delivery and unpark follow.
+                    deadline = None;
+                    continue;
+                }
+            }
+            wait_list::park(WaitReason::ChannelRecv, deadline);
+        };
+        std::mem::forget(guard);
+        result
     }
 
     pub(crate) fn capacity(&self) -> Option<usize> {
@@ -213,16 +497,26 @@ impl<T> Chan<T> {
     // ---- sending -------------------------------------------------------------------------
 
     pub(crate) fn try_send(&self, msg: T) -> Result<(), TrySendError<T>> {
+        let msg = match self.try_send_fast(msg) {
+            Ok(()) => return Ok(()),
+            Err(msg) => msg,
+        };
         let mut synced = self.lock();
-        let result = Self::try_send_locked(&mut synced, self.cap, msg);
+        let result = self.try_send_locked(&mut synced, msg);
         drop(synced);
         result.map(Wake::unpark)
     }
 
     /// Sends without blocking, with the inner lock held.
-    fn try_send_locked(synced: &mut Synced<T>, cap: usize, msg: T) -> Result<Wake<T>, TrySendError<T>> {
+    fn try_send_locked(&self, synced: &mut Synced<T>, msg: T) -> Result<Wake<'_, T>, TrySendError<T>> {
         if synced.receivers_gone {
             return Err(TrySendError::Disconnected(msg));
+        }
+        // The fast slot's owner is the oldest receiver (nobody queues while it is armed
+        // without `SLOW` set, and `SLOW` stops it arming behind queued ones).
+        if self.claim_armed() {
+            self.fill_fast(Some(msg));
+            return Ok(Wake(WakeKind::Fast(self)));
         }
         let mut msg = msg;
         // Invariant 1: a waiting receiver means an empty buffer, so serving it first keeps
@@ -232,24 +526,36 @@ impl<T> Chan<T> {
             let granted = slot.grant();
             synced.recycle(&slot);
             if granted {
-                return Ok(Wake(Some(slot)));
+                return Ok(Wake(WakeKind::Slot(slot)));
             }
             msg = slot.take().expect("message put just above");
         }
-        if synced.buf.len() < cap {
+        if synced.buf.len() < self.cap {
             synced.buf.push_back(msg);
-            Ok(Wake(None))
+            Ok(Wake(WakeKind::None))
         } else {
             Err(TrySendError::Full(msg))
         }
     }
 
     /// Blocking send with an optional deadline.
+    #[inline]
     pub(crate) fn send(&self, msg: T, deadline: Option<Instant>) -> Result<(), SendTimeoutError<T>> {
+        // The hand-off is inlined into the caller; the locked path, with its many live values,
+        // is a call of its own, so that the hand-off does not pay for its register saves.
+        match self.try_send_fast(msg) {
+            Ok(()) => Ok(()),
+            Err(msg) => self.send_locked(msg, deadline),
+        }
+    }
+
+    /// `send` on the locked path.
+    #[inline(never)]
+    fn send_locked(&self, msg: T, deadline: Option<Instant>) -> Result<(), SendTimeoutError<T>> {
         let mut msg = msg;
         loop {
             let mut synced = self.lock();
-            match Self::try_send_locked(&mut synced, self.cap, msg) {
+            match self.try_send_locked(&mut synced, msg) {
                 Ok(wake) => {
                     drop(synced);
                     wake.unpark();
@@ -306,7 +612,7 @@ impl<T> Chan<T> {
     }
 
     /// Receives without blocking, with the inner lock held.
-    fn try_recv_locked(synced: &mut Synced<T>) -> Result<(T, Wake<T>), TryRecvError> {
+    fn try_recv_locked<'a>(synced: &mut Synced<T>) -> Result<(T, Wake<'a, T>), TryRecvError> {
         // Stale send slots are dropped from the queue; their owners take their messages back
         // from their own `Arc` (the rules on `Slot`).
         let served = synced.senders.pop_accepted(|slot| slot.grant());
@@ -328,12 +634,39 @@ impl<T> Chan<T> {
                 None => return Err(TryRecvError::Empty),
             },
         };
-        Ok((msg, Wake(served)))
+        Ok((msg, Wake(served.map_or(WakeKind::None, WakeKind::Slot))))
     }
 
     /// Blocking receive with an optional deadline.
+    #[inline]
     pub(crate) fn recv(&self, deadline: Option<Instant>) -> Result<T, RecvTimeoutError> {
+        // As in `send`: the fast slot's wait inline, the locked path a call of its own.
+        let me = loom::current_id();
+        if me != 0 && deadline.is_none() && self.arm_fast(me) {
+            match self.wait_fast(None) {
+                Some(Ok(msg)) => return Ok(msg),
+                Some(Err(())) => unreachable!("an untimed wait does not time out"),
+                None => {}
+            }
+        }
+        self.recv_locked(me, deadline)
+    }
+
+    /// `recv` on the locked path, and its timed waits in the fast slot.
+    #[inline(never)]
+    fn recv_locked(&self, me: usize, deadline: Option<Instant>) -> Result<T, RecvTimeoutError> {
         loop {
+            // Plain threads (id 0) keep to the locked path. Under loom every deadline has
+            // passed, and the model wants the fast slot's timeout race, so it arms anyway.
+            let early = !cfg!(loom) && deadline.is_some_and(|d| Instant::now() >= d);
+            if me != 0 && !early && self.arm_fast(me) {
+                match self.wait_fast(deadline) {
+                    Some(Ok(msg)) => return Ok(msg),
+                    Some(Err(())) => return Err(RecvTimeoutError::Timeout),
+                    // The senders are gone: drain on the locked path.
+                    None => {}
+                }
+            }
             let mut synced = self.lock();
             match Self::try_recv_locked(&mut synced) {
                 Ok((msg, wake)) => {
@@ -356,7 +689,7 @@ impl<T> Chan<T> {
                     None => synced.receivers.remove(slot.waiter()),
                     Some(Outcome::Granted(_)) => {
                         let msg = slot.take().expect("granted receive slot");
-                        Self::redeliver(synced, msg);
+                        self.redeliver(synced, msg);
                     }
                     Some(_) => {}
                 }
@@ -378,7 +711,13 @@ impl<T> Chan<T> {
     /// A message was delivered to a receiver that is gone (unwound by its runtime's drop):
     /// give it to the next receiver, or put it back at the head of the buffer (the room it
     /// came from may be taken again, so this may exceed `cap` by one). Never parks or panics.
-    fn redeliver(mut synced: loom::MutexGuard<'_, Synced<T>>, mut msg: T) {
+    fn redeliver(&self, mut synced: Guard<'_, T>, mut msg: T) {
+        if self.claim_armed() {
+            self.fill_fast(Some(msg));
+            drop(synced);
+            self.unpark_fast();
+            return;
+        }
         while let Some(next) = synced.receivers.pop_front() {
             next.put(msg);
             let granted = next.grant();
@@ -397,12 +736,12 @@ impl<T> Chan<T> {
 
     /// Hands on a message granted to a `select!` that its runtime's drop unwound.
     pub(crate) fn hand_on(&self, msg: T) {
-        Self::redeliver(self.lock(), msg);
+        self.redeliver(self.lock(), msg);
     }
 
     /// Runs `f` with the inner lock held, for `select!`'s arms.
-    pub(crate) fn with_lock<R>(&self, f: impl FnOnce(&mut Locked<'_, T>) -> R) -> R {
-        let mut locked = Locked { synced: self.lock(), cap: self.cap };
+    pub(crate) fn with_lock<'a, R>(&'a self, f: impl FnOnce(&mut Locked<'a, T>) -> R) -> R {
+        let mut locked = Locked { synced: self.lock(), chan: self };
         f(&mut locked)
     }
 
@@ -410,11 +749,19 @@ impl<T> Chan<T> {
 
     /// The last `Sender` is gone: wake every blocked receiver to drain and see it.
     pub(crate) fn disconnect_senders(&self) {
-        let waiting = {
+        let (fast, waiting) = {
             let mut synced = self.lock();
             synced.senders_gone = true;
-            synced.receivers.take_all()
+            // `senders_gone` keeps `SLOW` set for good: the slot is never armed again.
+            let fast = self.claim_armed();
+            if fast {
+                self.fill_fast(None);
+            }
+            (fast, synced.receivers.take_all())
         };
+        if fast {
+            self.unpark_fast();
+        }
         for slot in waiting {
             if slot.waiter().wake(slot.op) {
                 slot.waiter().unpark();
@@ -441,14 +788,15 @@ impl<T> Chan<T> {
 
 /// The inner lock of one channel, held by a `select!` arm.
 pub(crate) struct Locked<'a, T> {
-    synced: loom::MutexGuard<'a, Synced<T>>,
-    cap: usize,
+    synced: Guard<'a, T>,
+    chan: &'a Chan<T>,
 }
 
-impl<T> Locked<'_, T> {
+impl<'a, T> Locked<'a, T> {
     pub(crate) fn send_ready(&self) -> bool {
         self.synced.receivers_gone
-            || self.synced.buf.len() < self.cap
+            || self.synced.buf.len() < self.chan.cap
+            || self.chan.fast.load(Ordering::Relaxed) & TAG == ARMED
             || self.synced.receivers.iter().any(|s| s.waiter().is_waiting())
     }
 
@@ -458,11 +806,11 @@ impl<T> Locked<'_, T> {
             || self.synced.senders.iter().any(|s| s.waiter().is_waiting())
     }
 
-    pub(crate) fn try_send(&mut self, msg: T) -> Result<Wake<T>, TrySendError<T>> {
-        Chan::try_send_locked(&mut self.synced, self.cap, msg)
+    pub(crate) fn try_send(&mut self, msg: T) -> Result<Wake<'a, T>, TrySendError<T>> {
+        self.chan.try_send_locked(&mut self.synced, msg)
     }
 
-    pub(crate) fn try_recv(&mut self) -> Result<(T, Wake<T>), TryRecvError> {
+    pub(crate) fn try_recv(&mut self) -> Result<(T, Wake<'a, T>), TryRecvError> {
         Chan::try_recv_locked(&mut self.synced)
     }
 
@@ -545,6 +893,82 @@ mod loom_tests {
                 assert_eq!(pong_rx.recv(), Ok(i + 1));
             }
             echo.join().unwrap();
+        });
+    }
+
+    /// The fast slot: a receiver parked in it meets two senders at once. One claims the slot,
+    /// the other either waits for it to be re-armed or goes to the buffer under the inner
+    /// lock (which must see the armed slot and serve it rather than buffer, invariant 1);
+    /// both messages arrive, once each.
+    #[test]
+    fn fast_recv_races_two_senders() {
+        ::loom::model(|| {
+            let (tx, rx) = bounded::<u32>(1);
+            let tx2 = tx.clone();
+            let s1 = ::loom::thread::spawn(move || tx.send(1).unwrap());
+            let s2 = ::loom::thread::spawn(move || tx2.send(2).unwrap());
+            let mut got = [rx.recv().unwrap(), rx.recv().unwrap()];
+            s1.join().unwrap();
+            s2.join().unwrap();
+            got.sort_unstable();
+            assert_eq!(got, [1, 2]);
+            assert_eq!(rx.try_recv(), Err(crate::channel::TryRecvError::Disconnected));
+        });
+    }
+
+    /// The last sender leaves while the receiver arms or waits in the fast slot: it gets the
+    /// message, then `Err`, and never parks for good.
+    #[test]
+    fn fast_recv_races_disconnect() {
+        ::loom::model(|| {
+            let (tx, rx) = bounded::<u32>(1);
+            let sender = ::loom::thread::spawn(move || {
+                tx.send(7).unwrap();
+                drop(tx);
+            });
+            assert_eq!(rx.recv(), Ok(7));
+            assert!(rx.recv().is_err());
+            sender.join().unwrap();
+        });
+    }
+
+    /// A second receiver (not the fast slot's owner) queues under the inner lock while the
+    /// owner may be parked in the fast slot; one sender sends two messages: each receiver gets
+    /// one, FIFO among the waiting ones is not checked, loss or duplication is.
+    #[test]
+    fn fast_owner_and_queued_receiver_share_two_sends() {
+        ::loom::model(|| {
+            let (tx, rx) = bounded::<u32>(1);
+            let rx2 = rx.clone();
+            let other = ::loom::thread::spawn(move || rx2.recv().unwrap());
+            let sender = ::loom::thread::spawn(move || {
+                tx.send(1).unwrap();
+                tx.send(2).unwrap();
+            });
+            let mine = rx.recv().unwrap();
+            let theirs = other.join().unwrap();
+            sender.join().unwrap();
+            let mut got = [mine, theirs];
+            got.sort_unstable();
+            assert_eq!(got, [1, 2]);
+        });
+    }
+
+    /// A `select!` send arm (tried without registering, then under the inner lock) races a
+    /// timed receive parked in the fast slot: delivered exactly when the select reports it.
+    #[test]
+    fn select_send_races_fast_timed_recv() {
+        ::loom::model(|| {
+            let (tx, rx) = bounded::<u32>(0);
+            let sender = ::loom::thread::spawn(move || {
+                crate::select! {
+                    send(tx, 7) -> r => r.is_ok(),
+                    default(LONG) => false,
+                }
+            });
+            let got = rx.recv_timeout(LONG);
+            let sent = sender.join().unwrap();
+            assert_eq!(got.is_ok(), sent, "got {got:?}, sent {sent}");
         });
     }
 

@@ -7,7 +7,9 @@
 //! blocked senders and receivers behind one short inner lock. A blocked operation is completed
 //! directly by its counterpart (a send hands its message to a waiting receiver; a receive takes
 //! a waiting sender's message), so the woken fiber needs no retry, and the runtime runs it next
-//! on the waker's carrier (its LIFO slot), which is what makes ping-pong cheap. A blocked
+//! on the waker's carrier (its LIFO slot), which is what makes ping-pong cheap. The first fiber
+//! to block receiving on a channel owns a *fast slot* in it, through which senders hand it
+//! messages without the inner lock (`chan.rs`; W4's round trip has no lock at all). A blocked
 //! operation needs one heap slot, reused from the channel's few spare ones when possible, so a
 //! steady blocking pattern does not allocate (`select!` allocates one per arm); operations
 //! that do not block allocate nothing (beyond an unbounded buffer's growth). No message is

@@ -33,6 +33,13 @@ mod imp {
 
     // Parking goes through `wait_list::park`, which records the wait reason for dumps.
 
+    /// Who is calling, as a number that no other live caller has: the running fiber's record
+    /// (its address; a channel that remembers it also holds a counted handle to it, so it is
+    /// not reused meanwhile), or 0 on a plain thread.
+    pub(crate) fn current_id() -> usize {
+        crate::runtime::context::current_fiber() as usize
+    }
+
     /// Whether `deadline` has passed.
     pub(crate) fn expired(deadline: Instant) -> bool {
         Instant::now() >= deadline
@@ -46,6 +53,10 @@ mod imp {
     impl<T> UnsafeCell<T> {
         pub(crate) const fn new(value: T) -> Self {
             Self(std::cell::UnsafeCell::new(value))
+        }
+
+        pub(crate) fn with<R>(&self, f: impl FnOnce(*const T) -> R) -> R {
+            f(self.0.get())
         }
 
         pub(crate) fn with_mut<R>(&self, f: impl FnOnce(*mut T) -> R) -> R {
@@ -71,5 +82,15 @@ mod imp {
     /// Every deadline has passed: timed waits give up at once, racing their wake-up.
     pub(crate) fn expired(_deadline: Instant) -> bool {
         true
+    }
+
+    /// A number per model thread, never 0 (model threads stand in for fibers, so every one may
+    /// use a channel's fast slot).
+    pub(crate) fn current_id() -> usize {
+        // loom's ThreadId has no accessor for its number; its Debug form is "ThreadId(n)".
+        let id = format!("{:?}", loom::thread::current().id());
+        let n: usize =
+            id.trim_start_matches("ThreadId(").trim_end_matches(')').parse().expect("loom thread id");
+        n + 1
     }
 }
