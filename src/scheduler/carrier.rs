@@ -530,7 +530,7 @@ impl Carrier {
         if sp != 0 {
             prefetch(sp);
         }
-        let next = self.worker.peek_word(0);
+        let (next, after) = self.worker.peek_words();
         if next != 0 {
             // SAFETY: a run-queue slot only ever holds a record pointer this carrier pushed, and
             // records are freed only when the runtime is dropped, so even a stale one (taken by
@@ -540,7 +540,6 @@ impl Carrier {
                 prefetch(sp);
             }
         }
-        let after = self.worker.peek_word(1);
         if after != 0 {
             prefetch(after);
             prefetch(after + 64);

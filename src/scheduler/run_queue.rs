@@ -58,13 +58,23 @@ struct Ring<T: Entry> {
     _owns: PhantomData<T>,
 }
 
+impl<T: Entry> Ring<T> {
+    /// The slot for counter `i` (any value: it wraps).
+    #[inline(always)]
+    fn slot(&self, i: usize) -> &AtomicUsize {
+        // SAFETY: `slots.len() == mask + 1` (set in `new`), so `i & mask` is in bounds. Not a
+        // checked index: the check showed in the switch path, which peeks at two slots.
+        unsafe { self.slots.get_unchecked(i & self.mask) }
+    }
+}
+
 impl<T: Entry> Drop for Ring<T> {
     fn drop(&mut self) {
         let (h, t) = (self.head.load(Ordering::Relaxed), self.tail.load(Ordering::Relaxed));
         for i in h..t {
             // SAFETY: `[head, tail)` holds the words of entries nobody took; the ring owns them
             // and, being dropped, gives each back once.
-            drop(unsafe { T::from_word(self.slots[i & self.mask].load(Ordering::Relaxed)) });
+            drop(unsafe { T::from_word(self.slot(i).load(Ordering::Relaxed)) });
         }
     }
 }
@@ -111,7 +121,7 @@ impl<T: Entry> Local<T> {
         if t.wrapping_sub(h) > r.mask {
             return Err(v);
         }
-        r.slots[t & r.mask].store(v.into_word(), Ordering::Relaxed);
+        r.slot(t).store(v.into_word(), Ordering::Relaxed);
         // Release: whoever sees the new tail sees the slot.
         r.tail.store(t.wrapping_add(1), Ordering::Release);
         Ok(())
@@ -131,7 +141,7 @@ impl<T: Entry> Local<T> {
             // and only we write slots, so it holds what we stored.
             match r.head.compare_exchange_weak(h, h.wrapping_add(1), Ordering::AcqRel, Ordering::Acquire) {
                 // SAFETY: the CAS gave us slot `h`, inside `[head, tail)`, exactly once.
-                Ok(_) => return Some(unsafe { T::from_word(r.slots[h & r.mask].load(Ordering::Relaxed)) }),
+                Ok(_) => return Some(unsafe { T::from_word(r.slot(h).load(Ordering::Relaxed)) }),
                 Err(now) => h = now,
             }
         }
@@ -155,7 +165,7 @@ impl<T: Entry> Local<T> {
         let n = t.wrapping_sub(h).min(max);
         out.extend((0..n).map(|i| {
             // SAFETY: as in `pop`, for each of the `n` slots the CAS claimed.
-            unsafe { T::from_word(r.slots[h.wrapping_add(i) & r.mask].load(Ordering::Relaxed)) }
+            unsafe { T::from_word(r.slot(h.wrapping_add(i)).load(Ordering::Relaxed)) }
         }));
     }
 
@@ -168,7 +178,7 @@ impl<T: Entry> Local<T> {
         let mut items = items;
         let mut t = t0;
         for v in items.by_ref().take(room) {
-            r.slots[t & r.mask].store(v.into_word(), Ordering::Relaxed);
+            r.slot(t).store(v.into_word(), Ordering::Relaxed);
             t = t.wrapping_add(1);
         }
         if t != t0 {
@@ -177,18 +187,16 @@ impl<T: Entry> Local<T> {
         items
     }
 
-    /// The word of the entry `i` places behind the head (0: the one a `pop` would take next),
-    /// or 0 if there is none: only a hint (a thief may take it meanwhile), for prefetching.
-    /// Whatever it returns, a slot only ever holds a word this owner pushed.
+    /// The words of the two entries a `pop` would take next (0 where there is none): only
+    /// hints (a thief may take them meanwhile), for prefetching. Whatever they are, a slot only
+    /// ever holds a word this owner pushed.
     #[inline]
-    pub(crate) fn peek_word(&self, i: usize) -> usize {
+    pub(crate) fn peek_words(&self) -> (usize, usize) {
         let r = &*self.ring;
-        let h = r.head.load(Ordering::Relaxed).wrapping_add(i);
-        if r.tail.load(Ordering::Relaxed).wrapping_sub(h) as isize <= 0 {
-            0
-        } else {
-            r.slots[h & r.mask].load(Ordering::Relaxed)
-        }
+        let h = r.head.load(Ordering::Relaxed);
+        let len = r.tail.load(Ordering::Relaxed).wrapping_sub(h);
+        let word = |i: usize| if len > i { r.slot(h.wrapping_add(i)).load(Ordering::Relaxed) } else { 0 };
+        (word(0), word(1))
     }
 
     pub(crate) fn len(&self) -> usize {
@@ -246,10 +254,10 @@ impl<T: Entry> Remote<T> {
             // Copy before claiming: until the CAS succeeds the owner may be overwriting these
             // slots, and the words are then garbage that the failed CAS makes us discard. The
             // copies land in `dst`'s slots past its tail, which nobody reads until we publish.
-            let first = r.slots[h & r.mask].load(Ordering::Relaxed);
+            let first = r.slot(h).load(Ordering::Relaxed);
             for i in 1..n {
-                let w = r.slots[h.wrapping_add(i) & r.mask].load(Ordering::Relaxed);
-                d.slots[dt.wrapping_add(i - 1) & d.mask].store(w, Ordering::Relaxed);
+                let w = r.slot(h.wrapping_add(i)).load(Ordering::Relaxed);
+                d.slot(dt.wrapping_add(i - 1)).store(w, Ordering::Relaxed);
             }
             if r.head.compare_exchange(h, h.wrapping_add(n), Ordering::AcqRel, Ordering::Relaxed).is_ok() {
                 if n > 1 {
@@ -299,10 +307,10 @@ mod tests {
             assert_eq!((local.len(), remote.len(), local.free()), (4, 4, 0));
             for i in 0..4 {
                 // SAFETY: the word is the next entry's box, still owned by the queue: read, not taken.
-                assert_eq!(unsafe { *(local.peek_word(0) as *const usize) }, base + i);
+                assert_eq!(unsafe { *(local.peek_words().0 as *const usize) }, base + i);
                 assert_eq!(val(local.pop()), Some(base + i), "FIFO across the wrap");
             }
-            assert_eq!((local.peek_word(0), local.peek_word(1)), (0, 0));
+            assert_eq!(local.peek_words(), (0, 0));
             assert!(local.pop().is_none() && remote.is_empty());
         }
     }
