@@ -5,7 +5,7 @@
 //! (W2), spawn from a fiber (W3), park/unpark through channels (W4), yield (W5) — and the cost of
 //! a parked fiber (W6) and of timers (W7). A regression shows as a falling ratio in the table.
 //!
-//! Run: `cargo bench --bench workloads` (about 4 minutes on 2 cores, most of it std threads);
+//! Run: `cargo bench --bench workloads` (about 2 minutes on 2 cores, much of it std threads);
 //! `cargo bench --bench workloads -- W4` runs the workloads whose name contains `W4`;
 //! `cargo test --benches` runs each op once as a smoke test. `WORKLOADS_RUNTIMES=tokio,rayon`
 //! keeps only those peers (vt always runs), `WORKLOADS_PARTS=table,w7` only those parts
