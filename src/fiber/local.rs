@@ -88,6 +88,12 @@ impl Locals {
     /// Drops every value (the fiber is finishing). Destructors may touch other fiber-locals,
     /// re-creating them, so repeat a few rounds, as std does for thread-locals.
     pub(crate) fn clear(&self) {
+        // Most fibers never use a fiber-local: look before taking the vector (the take's
+        // stores and the drop of the empty one cost 18 instructions per W1 fiber).
+        // SAFETY: owner-only access; the shared borrow ends here.
+        if unsafe { (*self.map.get()).is_empty() } {
+            return;
+        }
         for _ in 0..8 {
             // SAFETY: owner-only access; the vector is moved out before any destructor runs.
             let values = std::mem::take(unsafe { &mut *self.map.get() });
