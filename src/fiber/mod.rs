@@ -288,6 +288,7 @@ impl FiberRecord {
     ///
     /// # Safety
     /// `ptr` must be an unused record: reference count zero, owned by the caller.
+    #[inline(always)]
     pub(crate) unsafe fn init(ptr: NonNull<FiberRecord>, init: Init) -> (FiberRef, FiberRef) {
         // SAFETY: unused and owned by the caller: nobody else looks at it.
         let r = unsafe { ptr.as_ref() };

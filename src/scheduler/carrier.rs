@@ -225,6 +225,7 @@ impl Carrier {
     }
 
     /// Makes sure a stack of `class` can be had for a fiber about to be spawned here.
+    #[inline]
     pub(crate) fn ensure_stack(&self, class: &'static SizeClass) -> io::Result<()> {
         if !std::ptr::eq(class, self.rt.stacks) {
             return class.ensure_available();
