@@ -297,8 +297,11 @@ impl Carrier {
         }
         if let Err(f) = self.worker.push(f) {
             self.spill();
-            // Half the slots are free now.
-            let _ = self.worker.push(f);
+            // Half the slots are free now (only this carrier fills them). Were they not, the
+            // fiber goes to the injector: a run-queue entry is never dropped.
+            if let Err(f) = self.worker.push(f) {
+                self.rt.injector.push(self.index, f);
+            }
         }
     }
 
