@@ -36,6 +36,7 @@ mod imp {
     /// Who is calling, as a number that no other live caller has: the running fiber's record
     /// (its address; a channel that remembers it also holds a counted handle to it, so it is
     /// not reused meanwhile), or 0 on a plain thread.
+    #[inline]
     pub(crate) fn current_id() -> usize {
         crate::runtime::context::current_fiber() as usize
     }
