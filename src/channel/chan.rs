@@ -78,10 +78,9 @@ pub(crate) struct Chan<T> {
     pub(crate) receivers: AtomicUsize,
 }
 
-// SAFETY: the fast slot's cells are accessed as the `fast` word's protocol allows (one party
-// at a time, each hand-over ordered by a Release/Acquire pair on the word; `fast_fiber` is
-// written once before any reader can reach it), so a shared `Chan` only moves `T` between
-// threads (`T: Send`); the rest is `Sync` when `T: Send`.
+// SAFETY: the fast slot's cells are used one party at a time as the `fast` word allows (each
+// hand-over a Release/Acquire pair on it; `fast_fiber` written once before any reader), so a
+// shared `Chan` only moves `T` between threads (`T: Send`); the rest is `Sync` for `T: Send`.
 unsafe impl<T: Send> Sync for Chan<T> {}
 // SAFETY: as above; a `Chan` owns its buffered and fast-slot messages.
 unsafe impl<T: Send> Send for Chan<T> {}
