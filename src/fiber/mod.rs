@@ -318,6 +318,9 @@ impl FiberRecord {
         r.wait.store(0, Ordering::Relaxed);
         r.since.store(init.since, Ordering::Relaxed);
         r.carrier.store(u32::MAX, Ordering::Relaxed);
+        // The last incarnation's, else: the carrier prefetches it before a first run, and a
+        // stale one may lie in a trimmed stack, costing a page walk for nothing (W7's profile).
+        r.parked_sp.store(0, Ordering::Relaxed);
         r.lent.set(0);
         // Release: a dump that upgrades this record (`FiberRef::upgrade`) sees the fields above.
         // One store for all three references: no read-modify-write on the spawn path.
