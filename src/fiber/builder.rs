@@ -13,7 +13,7 @@ use super::park::{Fiber, next_id};
 use super::stack::{FiberStack, SizeClass, usable_size};
 use super::{Co, FiberRecord, Init, STAGE_CLOSURE, STAGE_RESULT, StageVTable, Suspend};
 use crate::runtime::context;
-use crate::scheduler::{RuntimeRef, Wake};
+use crate::scheduler::RuntimeRef;
 
 /// What `join` returns for a fiber that its runtime's drop unwound before it finished.
 pub(crate) const CANCELLED: &str = "fiber cancelled: its runtime was dropped before it finished";
@@ -57,6 +57,9 @@ impl Builder {
         T: Send + 'static,
     {
         let at = Location::caller();
+        if self.name.is_none() && self.stack_size.is_none() {
+            return spawn_here(f, at);
+        }
         // SAFETY: `F` and `T` are 'static: nothing borrowed can dangle.
         crate::runtime::with_current_runtime(|rt| unsafe { self.spawn_unchecked_at(rt, f, at, None) })
     }
@@ -130,13 +133,10 @@ impl Builder {
             since: rt.clock.stamp().unwrap_or(0),
         };
         // SAFETY: `slot` came from a pool (or is new): unused and ours.
-        let (rec, for_handle) = unsafe { FiberRecord::init(slot, init) };
-        // SAFETY: the record is not queued yet: we are its only user.
-        unsafe { rec.put_stage(f, STAGE_CLOSURE) };
-        let handle = JoinHandle { fiber: Fiber::from_record(for_handle), _result: PhantomData };
+        let (rec, handle) = unsafe { prepare(slot, init, f) };
         match local {
             Some(c) => {
-                c.schedule_local(rec, Wake::Spawn);
+                c.schedule_spawned(rec);
                 fork_yield(c);
             }
             None => {
@@ -250,12 +250,98 @@ where
     F: FnOnce() -> T + Send + 'static,
     T: Send + 'static,
 {
-    let at = Location::caller();
-    // SAFETY: `F` and `T` are 'static.
-    match crate::runtime::with_current_runtime(|rt| unsafe {
-        Builder::new().spawn_unchecked_at(rt, f, at, None)
-    }) {
+    match spawn_here(f, at_caller()) {
         Ok(h) => h,
         Err(e) => panic!("failed to spawn fiber: {e}"),
     }
+}
+
+#[track_caller]
+#[inline(always)]
+fn at_caller() -> &'static Location<'static> {
+    Location::caller()
+}
+
+/// A spawn with the default settings onto the current runtime: on a carrier, the runtime's
+/// most common call, with one thread-local look (not the two of `with_current_runtime` and
+/// `spawn_unchecked_at`) and none of the general path's branches on settings it lacks.
+#[inline]
+fn spawn_here<F, T>(f: F, at: &'static Location<'static>) -> io::Result<JoinHandle<T>>
+where
+    F: FnOnce() -> T + Send + 'static,
+    T: Send + 'static,
+{
+    let c = context::carrier();
+    if c.is_null() {
+        // SAFETY: `F` and `T` are 'static: nothing borrowed can dangle.
+        return crate::runtime::with_current_runtime(|rt| unsafe {
+            Builder::new().spawn_unchecked_at(rt, f, at, None)
+        });
+    }
+    // SAFETY: a non-null carrier pointer is this thread's live carrier; `spawn_local` uses it
+    // only before its one switch point, the fork-yield at its very end.
+    unsafe { spawn_local(&*c, f, at) }
+}
+
+/// `spawn_unchecked_at` for a fiber of the carrier's own runtime, with the runtime's default
+/// stack, no name and no scope.
+///
+/// # Safety
+/// As for `spawn_unchecked_at`; `c` is this thread's carrier, not used after this returns.
+unsafe fn spawn_local<F, T>(
+    c: &crate::scheduler::carrier::Carrier,
+    f: F,
+    at: &'static Location<'static>,
+) -> io::Result<JoinHandle<T>>
+where
+    F: FnOnce() -> T + Send,
+    T: Send,
+{
+    let rt = c.shared();
+    let class = rt.stacks;
+    c.ensure_stack(class)?;
+    let id = c.next_id();
+    let slot = c.alloc_record();
+    let runtime = c.take_ref();
+    let me = c.current();
+    // SAFETY: the fiber running on this carrier: live while it runs, and this is it.
+    let depth = if me.is_null() { 0 } else { unsafe { (*me).depth.get() }.saturating_add(1) };
+    let init = Init {
+        depth,
+        id,
+        name: None,
+        spawned_at: at,
+        runtime,
+        class,
+        vtable: &Erased::<F, T>::VTABLE,
+        scope: None,
+        since: rt.clock.stamp().unwrap_or(0),
+    };
+    // SAFETY: `slot` came from the carrier's pool: unused and ours; the caller's contract
+    // covers what `f` borrows.
+    let (rec, handle) = unsafe { prepare(slot, init, f) };
+    c.schedule_spawned(rec);
+    fork_yield(c);
+    Ok(handle)
+}
+
+/// Fills a fresh record and its stage: the fiber's queue reference and its join handle.
+///
+/// # Safety
+/// `slot` is an unused record owned by the caller.
+#[inline(always)]
+unsafe fn prepare<F, T>(
+    slot: std::ptr::NonNull<FiberRecord>,
+    init: Init,
+    f: F,
+) -> (super::FiberRef, JoinHandle<T>)
+where
+    F: FnOnce() -> T + Send,
+    T: Send,
+{
+    // SAFETY: `slot` is unused and ours (the caller's contract).
+    let (rec, for_handle) = unsafe { FiberRecord::init(slot, init) };
+    // SAFETY: the record is not queued yet: we are its only user.
+    unsafe { rec.put_stage(f, STAGE_CLOSURE) };
+    (rec, JoinHandle { fiber: Fiber::from_record(for_handle), _result: PhantomData })
 }

@@ -255,7 +255,6 @@ impl Carrier {
     pub(crate) fn schedule_local(&self, f: FiberRef, wake: Wake) {
         let stats = &self.slot().stats;
         match wake {
-            Wake::Spawn => bump(&stats.spawned, 1),
             Wake::Unpark | Wake::Joiner | Wake::Timer => {
                 if wake != Wake::Timer {
                     bump(&stats.unparks, 1);
@@ -281,11 +280,24 @@ impl Carrier {
             }
             // A timer wake is one of a batch: `time::fire` notifies once for all of them.
             Wake::Yield | Wake::Timer => self.push_back(f),
-            Wake::Spawn | Wake::Joiner => {
+            Wake::Joiner => {
                 self.push_back(f);
                 self.rt.notify();
             }
         }
+    }
+
+    /// A fiber just spawned here: to the back of the local deque (stealable), then wake an idle
+    /// carrier. Its own entry point, not a `Wake` kind: a new fiber has no home, and spawns are
+    /// the hottest call of all.
+    #[inline]
+    pub(crate) fn schedule_spawned(&self, f: FiberRef) {
+        debug_assert_eq!(f.home.load(Ordering::Relaxed), NO_HOME);
+        bump(&self.slot().stats.spawned, 1);
+        if let Err(f) = self.worker.push(f) {
+            self.push_full(f);
+        }
+        self.rt.notify();
     }
 
     /// Back of the local deque (spilling half to the injector when full); pinned fibers go to
@@ -296,12 +308,19 @@ impl Carrier {
             return;
         }
         if let Err(f) = self.worker.push(f) {
-            self.spill();
-            // Half the slots are free now (only this carrier fills them). Were they not, the
-            // fiber goes to the injector: a run-queue entry is never dropped.
-            if let Err(f) = self.worker.push(f) {
-                self.rt.injector.push(self.index, f);
-            }
+            self.push_full(f);
+        }
+    }
+
+    /// A push onto a full deque: spill half of it, then push.
+    #[cold]
+    #[inline(never)]
+    fn push_full(&self, f: FiberRef) {
+        self.spill();
+        // Half the slots are free now (only this carrier fills them). Were they not, the fiber
+        // goes to the injector: a run-queue entry is never dropped.
+        if let Err(f) = self.worker.push(f) {
+            self.rt.injector.push(self.index, f);
         }
     }
 

@@ -321,7 +321,7 @@ pub(super) mod loom_tests {
             Stealable { owner, remote }
         }
 
-        /// `schedule_local(Wake::Spawn)`'s push; the model's caller notifies after it.
+        /// `schedule_spawned`'s push; the model's caller notifies after it.
         fn push(&self) {
             self.owner.push(1).expect("the model queues fewer fibers than the ring holds");
         }
@@ -343,7 +343,7 @@ pub(super) mod loom_tests {
         }
     }
 
-    /// A busy carrier spawns (`schedule_local(Wake::Spawn)`: push, then `notify`); one of
+    /// A busy carrier spawns (`schedule_spawned`: push, then `notify`); one of
     /// two idle carriers must wake and steal it.
     #[test]
     fn loom_idle_spawn_wakes_a_sleeper() {

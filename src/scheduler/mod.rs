@@ -50,8 +50,6 @@ impl<T> std::ops::Deref for CachePadded<T> {
 /// Why a fiber is being made runnable; decides where it is queued.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Wake {
-    /// A new fiber: back of the local deque (stealable).
-    Spawn,
     /// It yielded: back of the local deque.
     Yield,
     /// Another fiber woke it: the waker's LIFO slot, so it runs next with warm caches.
