@@ -522,8 +522,7 @@ impl FiberRecord {
         // SAFETY: exclusive, as above.
         let rt = unsafe { (*self.runtime.get()).take() }.expect("a live fiber belongs to a runtime");
         // The pool belongs to the runtime, which our reference keeps alive until the end.
-        crate::scheduler::recycle_record(&rt, ptr);
-        drop(rt);
+        crate::scheduler::recycle_record(rt, ptr);
     }
 }
 

@@ -69,6 +69,8 @@ pub(crate) struct Carrier {
     tick: Cell<u32>,
     rng: Cell<u64>,
     stacks: UnsafeCell<Vec<FiberStack>>,
+    /// The stack cache's last operation was a take (see `take_stack`).
+    taking: Cell<bool>,
     records: UnsafeCell<Vec<NonNull<FiberRecord>>>,
     /// A spill's fibers on their way to the injector: one buffer, reused, so a spill never
     /// allocates. Empty between spills.
@@ -94,6 +96,7 @@ impl Carrier {
             tick: Cell::new(0),
             rng: Cell::new(0x2545_F491_4F6C_DD1D ^ ((index as u64 + 1) << 17)),
             stacks: UnsafeCell::new(Vec::with_capacity(STACK_CACHE)),
+            taking: Cell::new(false),
             records: UnsafeCell::new(Vec::with_capacity(RECORD_CACHE)),
             spill: UnsafeCell::new(Batch::with_capacity(LOCAL_CAP / 2 + 1)),
             ids: Cell::new((0, 0)),
@@ -181,8 +184,13 @@ impl Carrier {
         let stats = &self.slot().stats;
         if let Some(s) = cache.pop() {
             bump(&stats.stack_hits, 1);
-            if let Some(next) = cache.last() {
-                next.prefetch_top();
+            // Only in a run of takes (a burst of first runs, as in W6 and W7) is the next
+            // stack about to be used; when takes and gives alternate (short fibers back to
+            // back: W1, W3) the next take gets back the stack just given, already hot.
+            if self.taking.replace(true) {
+                if let Some(next) = cache.last() {
+                    next.prefetch_top();
+                }
             }
             return Ok(s);
         }
@@ -243,6 +251,7 @@ impl Carrier {
         if !std::ptr::eq(s.class(), self.rt.stacks) {
             return; // dropping it returns it to its own class
         }
+        self.taking.set(false);
         // SAFETY: as in `take_stack`.
         let cache = unsafe { &mut *self.stacks.get() };
         if cache.len() >= STACK_CACHE {

@@ -654,15 +654,22 @@ impl Drop for RuntimeRef {
     }
 }
 
-/// A record's last reference is gone: put it in a pool of its runtime (the local carrier's
-/// cache when this thread is one of the runtime's carriers).
-pub(crate) fn recycle_record(rt: &RuntimeRef, ptr: NonNull<FiberRecord>) {
+/// A record's last reference is gone: put it in a pool of its runtime, and drop the record's
+/// runtime reference. On one of the runtime's carriers both go to the carrier's own stocks,
+/// from one thread-local look (the reference's `Drop` would make a second).
+pub(crate) fn recycle_record(rt: RuntimeRef, ptr: NonNull<FiberRecord>) {
     let c = context::carrier();
     if !c.is_null() {
         // SAFETY: a non-null carrier pointer is this thread's live carrier.
         let c = unsafe { &*c };
         if std::ptr::eq(c.shared(), rt.ptr()) {
             c.give_record(ptr);
+            // Into the carrier's stock as a unit (see `Carrier::take_ref`), or given up.
+            if !c.stock_ref() {
+                // SAFETY: we own this reference and give it up (and forget it below).
+                unsafe { rt.release(1) };
+            }
+            std::mem::forget(rt);
             return;
         }
     }
