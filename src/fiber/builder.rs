@@ -162,7 +162,9 @@ impl<F: FnOnce() -> T + Send, T: Send> Erased<F, T> {
 unsafe fn make_coroutine<F: FnOnce() -> T + Send, T: Send>(rec: &FiberRecord, stack: FiberStack) -> Co {
     // SAFETY: see the function's contract.
     let f = unsafe { rec.take_stage::<F>() };
-    let body = move |y: &Yielder<(), Suspend>, ()| fiber_main(y, f);
+    // The record rides in the body: the fiber need not look itself up (a thread-local read).
+    let me: *const FiberRecord = rec;
+    let body = move |y: &Yielder<(), Suspend>, ()| fiber_main(y, me, f);
     // SAFETY: the borrows inside `body` outlive the fiber by spawn's contract; the stack is
     // exclusively ours (from the pool).
     unsafe { Coroutine::with_stack_unchecked(stack, body) }
@@ -191,6 +193,7 @@ unsafe fn drop_result<T>(rec: &FiberRecord) -> bool {
 /// The fork-yield rule: a fiber that spawns many children in a row yields every `fork_yield`
 /// spawns, so that the children start on other carriers instead of piling up behind it
 /// (ZIO's `MaxForksBeforeYield`). Off when the setting is 0.
+#[inline]
 fn fork_yield(c: &crate::scheduler::carrier::Carrier) {
     let every = c.shared().config.fork_yield;
     let me = c.current();
@@ -207,11 +210,10 @@ fn fork_yield(c: &crate::scheduler::carrier::Carrier) {
 }
 
 /// Every fiber's body: run the closure, catch its panic, publish the result.
-fn fiber_main<F: FnOnce() -> T, T>(y: &Yielder<(), Suspend>, f: F) {
-    let me = context::current_fiber();
-    debug_assert!(!me.is_null());
-    // SAFETY: on its first resume a fiber is the current fiber of the thread resuming it, and
-    // its record outlives its run (the resumer holds a reference). The record's address is
+fn fiber_main<F: FnOnce() -> T, T>(y: &Yielder<(), Suspend>, me: *const FiberRecord, f: F) {
+    debug_assert!(std::ptr::eq(me, context::current_fiber()));
+    // SAFETY: `me` is this fiber's record (`make_coroutine` put it there), and the record
+    // outlives the fiber's run: the carrier resuming it holds a reference. Its address is
     // stable, so `me` stays valid across switches even though the carrier may change.
     let me: &FiberRecord = unsafe { &*me };
     me.set_yielder(y);

@@ -58,6 +58,7 @@ pub(crate) fn reserve_ids() -> (u64, u64) {
 }
 
 /// Takes the next id from a block, refilling it when it runs out.
+#[inline]
 pub(crate) fn next_id(block: &mut (u64, u64)) -> FiberId {
     if block.0 == block.1 {
         *block = reserve_ids();

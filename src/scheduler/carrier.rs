@@ -146,6 +146,7 @@ impl Carrier {
     }
 
     /// A runtime reference for a new fiber, from the local stock.
+    #[inline]
     pub(crate) fn take_ref(&self) -> RuntimeRef {
         if self.stock.get() == 0 {
             self.rt.acquire_stock(STOCK_BATCH);
@@ -166,6 +167,7 @@ impl Carrier {
         true
     }
 
+    #[inline]
     pub(crate) fn next_id(&self) -> FiberId {
         let mut block = self.ids.get();
         let id = fpark::next_id(&mut block);
@@ -174,6 +176,7 @@ impl Carrier {
     }
 
     /// A stack of `class`: from the local cache for the runtime's default class.
+    #[inline]
     pub(crate) fn take_stack(&self, class: &'static SizeClass) -> io::Result<FiberStack> {
         if !std::ptr::eq(class, self.rt.stacks) {
             return class.take();
@@ -203,6 +206,7 @@ impl Carrier {
     }
 
     /// An unused fiber record: from the local cache, else a batch from the shared pool, else new.
+    #[inline]
     pub(crate) fn alloc_record(&self) -> NonNull<FiberRecord> {
         // SAFETY: the cache is touched only by this thread, in short non-reentrant sections.
         let cache = unsafe { &mut *self.records.get() };
@@ -247,6 +251,7 @@ impl Carrier {
         Ok(())
     }
 
+    #[inline]
     fn give_stack(&self, s: FiberStack) {
         if !std::ptr::eq(s.class(), self.rt.stacks) {
             return; // dropping it returns it to its own class
