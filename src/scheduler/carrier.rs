@@ -176,28 +176,34 @@ impl Carrier {
     }
 
     /// A stack of `class`: from the local cache for the runtime's default class.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn take_stack(&self, class: &'static SizeClass) -> io::Result<FiberStack> {
-        if !std::ptr::eq(class, self.rt.stacks) {
-            return class.take();
-        }
         // SAFETY: the cache is touched only by this thread, in short sections that do not
         // re-enter (no switch point, no user code).
         let cache = unsafe { &mut *self.stacks.get() };
-        let stats = &self.slot().stats;
-        if let Some(s) = cache.pop() {
-            bump(&stats.stack_hits, 1);
-            // Only in a run of takes (a burst of first runs, as in W6 and W7) is the next
-            // stack about to be used; when takes and gives alternate (short fibers back to
-            // back: W1, W3) the next take gets back the stack just given, already hot.
-            if self.taking.replace(true) {
-                if let Some(next) = cache.last() {
-                    next.prefetch_top();
-                }
-            }
-            return Ok(s);
+        if !std::ptr::eq(class, self.rt.stacks) || cache.is_empty() {
+            return self.take_stack_slow(class);
         }
-        bump(&stats.stack_misses, 1);
+        bump(&self.slot().stats.stack_hits, 1);
+        // Only in a run of takes (a burst of first runs, as in W6 and W7) is the next stack
+        // about to be used; when takes and gives alternate (short fibers back to back: W1,
+        // W3) the next take gets back the stack just given, already hot.
+        if self.taking.replace(true) && cache.len() > 1 {
+            cache[cache.len() - 2].prefetch_top();
+        }
+        Ok(cache.pop().expect("checked non-empty"))
+    }
+
+    /// `take_stack` for another size class, or with an empty cache (refilled in a batch).
+    #[cold]
+    #[inline(never)]
+    fn take_stack_slow(&self, class: &'static SizeClass) -> io::Result<FiberStack> {
+        if !std::ptr::eq(class, self.rt.stacks) {
+            return class.take();
+        }
+        // SAFETY: as in `take_stack`.
+        let cache = unsafe { &mut *self.stacks.get() };
+        bump(&self.slot().stats.stack_misses, 1);
         class.take_batch(cache, STACK_CACHE / 2);
         match cache.pop() {
             Some(s) => Ok(s),
@@ -246,22 +252,41 @@ impl Carrier {
         if unsafe { !(*self.stacks.get()).is_empty() } {
             return Ok(());
         }
+        self.refill_stacks(class)
+    }
+
+    /// `ensure_stack` with an empty cache: one stack through it, which refills it in a batch.
+    #[cold]
+    #[inline(never)]
+    fn refill_stacks(&self, class: &'static SizeClass) -> io::Result<()> {
         let s = self.take_stack(class)?;
         self.give_stack(s);
         Ok(())
     }
 
-    #[inline]
+    #[inline(always)]
     fn give_stack(&self, s: FiberStack) {
+        // SAFETY: as in `take_stack`.
+        let cache = unsafe { &mut *self.stacks.get() };
+        if !std::ptr::eq(s.class(), self.rt.stacks) || cache.len() >= STACK_CACHE {
+            return self.give_stack_slow(s);
+        }
+        self.taking.set(false);
+        cache.push(s);
+    }
+
+    /// `give_stack` for another size class (dropping it returns it to its own pool), or with
+    /// a full cache (half of it goes back to the shared pool).
+    #[cold]
+    #[inline(never)]
+    fn give_stack_slow(&self, s: FiberStack) {
         if !std::ptr::eq(s.class(), self.rt.stacks) {
-            return; // dropping it returns it to its own class
+            return;
         }
         self.taking.set(false);
         // SAFETY: as in `take_stack`.
         let cache = unsafe { &mut *self.stacks.get() };
-        if cache.len() >= STACK_CACHE {
-            self.rt.stacks.give_batch(cache.drain(..STACK_CACHE / 2));
-        }
+        self.rt.stacks.give_batch(cache.drain(..STACK_CACHE / 2));
         cache.push(s);
     }
 
