@@ -6,8 +6,9 @@
 //! other threads need is in `CarrierSlot`. Every field uses interior mutability because fibers
 //! running on this carrier reach it too, through a shared reference, between switch points.
 //!
-//! The loop is split into named steps: `next_local` → `find_work` → `park_idle`, and
-//! `run_fiber` → `after_park`/`finish`. See `arch/scheduler.md`.
+//! The loop is split into named steps: `next_local` → `search` (rounds of `find_work`) →
+//! `park_idle`, and `run_fiber` → `run_claimed` → `finish`; the switch path is inlined into the
+//! loop. See `arch/scheduler.md`.
 
 use std::cell::{Cell, UnsafeCell};
 use std::io;
@@ -398,32 +399,36 @@ impl Carrier {
                 self.retire();
                 continue;
             }
-            if let Some(f) = self.next_local() {
-                // Woken as a searcher but found work at home: stop counting as one, or other
-                // carriers' notifications would wait on a search that is not happening.
-                self.found_work();
-                self.run_fiber(f);
+            let Some(f) = self.next_local().or_else(|| self.search()) else {
+                if self.is_spare && self.rt.try_retire(self.index) {
+                    self.retire();
+                } else {
+                    self.park_idle();
+                }
                 continue;
+            };
+            // Woken as a searcher but found work: stop counting as one (and wake another if
+            // this was the last), or other carriers' notifications would wait on a search
+            // that is not happening.
+            self.found_work();
+            // The one call site, so that the switch path is inlined into the loop.
+            self.run_fiber(f);
+        }
+    }
+
+    /// Nothing local: search the other queues for a few rounds, backing off between them.
+    #[inline(never)]
+    fn search(&self) -> Option<FiberRef> {
+        for round in 0..SPIN_ROUNDS {
+            let found = self.find_work(round >= PATIENT_ROUNDS);
+            if found.is_some() || self.rt.shutdown.load(Ordering::Relaxed) {
+                return found;
             }
-            let mut found = None;
-            for round in 0..SPIN_ROUNDS {
-                found = self.find_work(round >= PATIENT_ROUNDS);
-                if found.is_some() || self.rt.shutdown.load(Ordering::Relaxed) {
-                    break;
-                }
-                for _ in 0..(16 << round.min(4)) {
-                    std::hint::spin_loop();
-                }
-            }
-            match found {
-                Some(f) => {
-                    self.found_work();
-                    self.run_fiber(f);
-                }
-                None if self.is_spare && self.rt.try_retire(self.index) => self.retire(),
-                None => self.park_idle(),
+            for _ in 0..(16 << round.min(4)) {
+                std::hint::spin_loop();
             }
         }
+        None
     }
 
     /// The fast path: this carrier's own queues.
@@ -566,6 +571,7 @@ impl Carrier {
         x.wrapping_mul(0x2545_F491_4F6C_DD1D)
     }
 
+    #[inline(always)]
     fn run_fiber(&self, f: FiberRef) {
         debug_assert!({
             let home = f.home.load(Ordering::Relaxed);
