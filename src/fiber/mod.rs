@@ -294,11 +294,16 @@ impl FiberRecord {
         let r = unsafe { ptr.as_ref() };
         debug_assert_eq!(r.refs.load(Ordering::Relaxed), 0);
         r.id.set(init.id);
-        // SAFETY: as above, exclusive.
+        // SAFETY: as above, exclusive. The three are `None` in an unused record (`blank`, and
+        // `recycle` takes them all), so writing over them drops nothing: no check for an old
+        // value on the spawn path.
         unsafe {
-            *r.name.get() = init.name;
-            *r.runtime.get() = Some(init.runtime);
-            *r.scope.get() = init.scope;
+            debug_assert!(
+                (*r.name.get()).is_none() && (*r.runtime.get()).is_none() && (*r.scope.get()).is_none()
+            );
+            r.name.get().write(init.name);
+            r.runtime.get().write(Some(init.runtime));
+            r.scope.get().write(init.scope);
         }
         r.spawned_at.set(init.spawned_at);
         r.class.set(init.class);
