@@ -37,6 +37,9 @@
 //!   `rayon::spawn` (fire and forget) from inside the pool (as fast as spawning from outside) and
 //!   a std channel as the signal. W4/W5 need a task that blocks or yields, which rayon lacks.
 //! - std: OS threads, W1–W3 at the same n = 10,000; `std::sync::mpsc` as the signal.
+//! - bare (W5 only): not a runtime but the floor W5's target is stated against, a round-robin
+//!   loop of corosensei coroutines on one thread per core (`w5::bare`). Its ratio is the
+//!   target's "within 15% of a bare loop" (vt ≥ 0.87× bare), measured in the same run.
 
 use std::io::Write;
 use std::process::Command;
@@ -74,6 +77,8 @@ struct Peers {
     vt: vt::Runtime,
     tokio: tokio::runtime::Runtime,
     rayon: rayon::ThreadPool,
+    /// W5's `bare` floor: each thread's coroutine stacks, carved once (see `w5::bare`).
+    bare_stacks: Vec<Mutex<Vec<corosensei::stack::DefaultStack>>>,
 }
 
 type Op = fn(&Peers);
@@ -98,7 +103,7 @@ const SUITE: &[Workload] = &[
     Workload { id: "W2_fork_many", size: "n = 10,000", ops: ops!(w2: vt, tokio, may, rayon, std) },
     Workload { id: "W3_chained_fork", size: "n = 10,000", ops: ops!(w3: vt, tokio, may, rayon, std) },
     Workload { id: "W4_ping_pong", size: "r = 10,000", ops: ops!(w4: vt, tokio, may) },
-    Workload { id: "W5_yield_many", size: "t = y = 1,000", ops: ops!(w5: vt, tokio, may) },
+    Workload { id: "W5_yield_many", size: "t = y = 1,000", ops: ops!(w5: vt, tokio, may, bare) },
 ];
 
 impl Workload {
@@ -143,6 +148,13 @@ impl Peers {
             vt: vt::Runtime::builder().carriers(cores).build().expect("vt runtime"),
             tokio: tokio_runtime(cores),
             rayon: rayon::ThreadPoolBuilder::new().num_threads(cores).build().expect("rayon pool"),
+            bare_stacks: (0..cores)
+                .map(|i| {
+                    let n = YIELDERS / cores + usize::from(i < YIELDERS % cores);
+                    let stack = || corosensei::stack::DefaultStack::new(64 * 1024).expect("a bare stack");
+                    Mutex::new((0..n).map(|_| stack()).collect())
+                })
+                .collect(),
         }
     }
 }
@@ -458,6 +470,39 @@ mod w5 {
         let tasks: Vec<_> =
             (0..YIELDERS).map(|_| may_go(|| (0..YIELDS).for_each(|_| may::coroutine::yield_now()))).collect();
         tasks.into_iter().for_each(|t| t.join().unwrap());
+    }
+
+    /// The floor W5's target is stated against: no scheduler, just corosensei. One thread per
+    /// core, each resuming its share of the t coroutines round-robin until all have yielded y
+    /// times (stacks carved once, in `Peers::new`, as vt's come from its pool). The threads are
+    /// started per op, about 50 µs of a 20 ms op.
+    pub fn bare(p: &Peers) {
+        use corosensei::{Coroutine, CoroutineResult, Yielder};
+        std::thread::scope(|s| {
+            for stacks in &p.bare_stacks {
+                s.spawn(move || {
+                    let mut stacks = stacks.lock().unwrap();
+                    let mut tasks: Vec<_> = stacks
+                        .drain(..)
+                        .map(|stack| {
+                            Coroutine::with_stack(stack, |y: &Yielder<(), ()>, ()| {
+                                (0..YIELDS).for_each(|_| y.suspend(()));
+                            })
+                        })
+                        .collect();
+                    let mut live = tasks.len();
+                    while live > 0 {
+                        live = 0;
+                        for t in tasks.iter_mut().filter(|t| !t.done()) {
+                            if let CoroutineResult::Yield(()) = t.resume(()) {
+                                live += 1;
+                            }
+                        }
+                    }
+                    stacks.extend(tasks.into_iter().map(Coroutine::into_stack));
+                });
+            }
+        });
     }
 }
 
