@@ -156,18 +156,26 @@ impl<F: FnOnce() -> T + Send, T: Send> Erased<F, T> {
         StageVTable { make: make_coroutine::<F, T>, fail: fail_start::<F, T>, drop_result: drop_result::<T> };
 }
 
+/// Builds the coroutine straight into the record's `co`: returned by value through the vtable,
+/// it was built in a temporary and copied with 16-byte loads over the 8-byte stores that had
+/// just written it, a store-forwarding stall on every first run (W1's profile).
+///
 /// # Safety
 /// The stage holds an `F` (the closure of a fiber spawned with this vtable), consumed here;
-/// the caller of spawn guaranteed that what it borrows outlives the fiber.
-unsafe fn make_coroutine<F: FnOnce() -> T + Send, T: Send>(rec: &FiberRecord, stack: FiberStack) -> Co {
+/// the caller of spawn guaranteed that what it borrows outlives the fiber. The caller has
+/// exclusive access to the record, whose `co` is `None`.
+unsafe fn make_coroutine<F: FnOnce() -> T + Send, T: Send>(rec: &FiberRecord, stack: FiberStack) {
     // SAFETY: see the function's contract.
     let f = unsafe { rec.take_stage::<F>() };
     // The record rides in the body: the fiber need not look itself up (a thread-local read).
     let me: *const FiberRecord = rec;
     let body = move |y: &Yielder<(), Suspend>, ()| fiber_main(y, me, f);
     // SAFETY: the borrows inside `body` outlive the fiber by spawn's contract; the stack is
-    // exclusively ours (from the pool).
-    unsafe { Coroutine::with_stack_unchecked(stack, body) }
+    // exclusively ours (from the pool); `co` is ours and `None`, so nothing is dropped.
+    unsafe {
+        debug_assert!((*rec.co_mut()).is_none());
+        (rec.co_mut() as *mut Option<Co>).write(Some(Coroutine::with_stack_unchecked(stack, body)));
+    }
 }
 
 /// # Safety

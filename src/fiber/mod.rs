@@ -66,8 +66,8 @@ pub(crate) struct StageBuf(pub(crate) [MaybeUninit<u8>; STAGE_BYTES]);
 
 /// How to handle a stage whose types only the spawner knew.
 pub(crate) struct StageVTable {
-    /// Moves the closure out of the stage and builds the coroutine on `stack`.
-    pub(crate) make: unsafe fn(&FiberRecord, FiberStack) -> Co,
+    /// Moves the closure out of the stage and builds the coroutine on `stack`, in the record.
+    pub(crate) make: unsafe fn(&FiberRecord, FiberStack),
     /// Drops the closure without running it and completes the join with `error`.
     pub(crate) fail: unsafe fn(&FiberRecord, std::io::Error),
     /// Drops a result nobody will take. Returns true if it was a panic.
@@ -364,10 +364,9 @@ impl FiberRecord {
         debug_assert_eq!(self.stage_kind.get(), STAGE_CLOSURE);
         match stack {
             Ok(stack) => {
-                // SAFETY: the stage holds this vtable's closure, consumed once, here.
-                let co = unsafe { (self.vtable.get().make)(self, stack) };
-                // SAFETY: exclusive access (the caller's precondition).
-                unsafe { *self.co_mut() = Some(co) };
+                // SAFETY: the stage holds this vtable's closure, consumed once, here; exclusive
+                // access to `co` (the caller's precondition).
+                unsafe { (self.vtable.get().make)(self, stack) };
                 true
             }
             Err(e) => {

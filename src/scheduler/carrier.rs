@@ -787,7 +787,7 @@ impl Carrier {
 
     fn finish(&self, f: &FiberRef) {
         // SAFETY: the fiber just returned on this carrier: nobody else can touch it.
-        let co = unsafe { f.co_mut() }.take().expect("a finished fiber had its coroutine");
+        let co = unsafe { take_finished(f.co_mut()) }.expect("a finished fiber had its coroutine");
         self.give_stack(co.into_stack());
         bump(&self.slot().stats.finished, 1);
         f.set_done();
@@ -916,5 +916,36 @@ impl Carrier {
         // SAFETY: as in `alloc_record`.
         let records = unsafe { &mut *self.records.get() };
         self.rt.give_records(records.drain(..));
+    }
+}
+
+/// `co.take()` for a coroutine that has just returned, read a word at a time. The switch back
+/// from the fiber has just written its saved stack pointer with an 8-byte store, and `take`
+/// copies the coroutine with 16-byte loads: a load that spans that store cannot be forwarded
+/// from it and waits for it to reach the cache (W1's profile had 15% of the carrier loop's
+/// samples there). Word loads are each forwarded from the store that wrote them.
+///
+/// # Safety
+/// The caller has exclusive access to the coroutine.
+#[inline(always)]
+unsafe fn take_finished(co: &mut Option<crate::fiber::Co>) -> Option<crate::fiber::Co> {
+    use std::mem::{MaybeUninit, align_of, size_of};
+    type Slot = Option<crate::fiber::Co>;
+    const WORDS: usize = size_of::<Slot>() / size_of::<usize>();
+    const _: () =
+        assert!(size_of::<Slot>() % size_of::<usize>() == 0 && align_of::<Slot>() >= align_of::<usize>());
+    let src = (co as *mut Slot).cast::<usize>();
+    let mut out = MaybeUninit::<Slot>::uninit();
+    let dst = out.as_mut_ptr().cast::<usize>();
+    for i in 0..WORDS {
+        // SAFETY: `i < WORDS` words lie within both (the asserts above); volatile keeps LLVM
+        // from merging them into wider loads.
+        unsafe { dst.add(i).write(src.add(i).read_volatile()) };
+    }
+    // SAFETY: the slot's value now lives in `out`: overwrite it without dropping it. `out`
+    // holds a bitwise copy of a valid value.
+    unsafe {
+        (co as *mut Slot).write(None);
+        out.assume_init()
     }
 }
