@@ -39,7 +39,8 @@
 //! - std: OS threads, W1–W3 at the same n = 10,000; `std::sync::mpsc` as the signal.
 //! - bare (W5 only): not a runtime but the floor W5's target is stated against, a round-robin
 //!   loop of corosensei coroutines on one thread per core (`w5::bare`). Its ratio is the
-//!   target's "within 15% of a bare loop" (vt ≥ 0.87× bare), measured in the same run.
+//!   target's "within 15% of a bare loop" (vt ≥ 0.87× bare), measured in the same run; in the
+//!   table, after the peers' interleaved rounds (see `FLOORS`).
 
 use std::io::Write;
 use std::process::Command;
@@ -63,6 +64,13 @@ const PARKED: usize = 100_000;
 /// W7: sleeping tasks, and how long each sleeps.
 const SLEEPERS: usize = 10_000;
 const NAP: Duration = Duration::from_millis(10);
+
+/// Rows of the table that are floors rather than peers (W5's `bare` loop): measured after the
+/// interleaved rounds of the peers, on their own (warm-up, then the same rounds back to back).
+/// In the rounds, a third entry of any kind, even one that does nothing, moved vt's and tokio's
+/// W5 medians by a third on this VM (vt 35 → 20–24 ops/s, tokio 21 → 19–26), after W1 had run;
+/// the peers' rotation stays as it was.
+const FLOORS: &[&str] = &["bare"];
 
 /// Timed rounds of the table (WORKLOADS.md asks for at least 10; std's slow ops keep it near
 /// that), each runtime's warm-up before them, the pause after each op (see `settle`), and W6's
@@ -828,10 +836,17 @@ fn print_table(p: &Peers, args: &Args) {
     );
     let mut summary = Vec::new();
     for w in SUITE.iter().filter(|w| args.wants(w.id, &w.runtimes())) {
-        let ops = args.ops(w);
-        let rates: Vec<Stats> = interleaved(p, &ops)
+        // Peers in the interleaved rounds, floors after them (see `FLOORS`).
+        let (floors, mut ops): (Vec<_>, Vec<_>) =
+            args.ops(w).into_iter().partition(|(r, _)| FLOORS.contains(r));
+        let mut samples = interleaved(p, &ops);
+        for &floor in &floors {
+            samples.extend(interleaved(p, &[floor]));
+            ops.push(floor);
+        }
+        let rates: Vec<Stats> = samples
             .into_iter()
-            .map(|times| Stats::of(times.iter().map(|t| 1.0 / t.as_secs_f64()).collect()))
+            .map(|t| Stats::of(t.iter().map(|t| 1.0 / t.as_secs_f64()).collect()))
             .collect();
         let vt = rates[0].median;
         let name = w.id.replacen('_', " ", 1);
