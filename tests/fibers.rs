@@ -394,6 +394,46 @@ fn fiber_ids_are_unique_and_increase_within_a_carrier() {
     assert_eq!(vt::current().id(), vt::current().id());
 }
 
+/// A plain thread's handle (one tagged word, holding a counted `Thread`): its clones name the
+/// same thread, unpark it after the originals are gone, and a fiber's handle stays a fiber's.
+#[test]
+fn a_plain_threads_handle_clones_unparks_and_names_it() {
+    let (tx, rx) = std::sync::mpsc::channel();
+    let parked = Arc::new(AtomicBool::new(false));
+    let p = parked.clone();
+    let t = std::thread::Builder::new()
+        .name("plain-one".into())
+        .spawn(move || {
+            let me = vt::current();
+            let copies: Vec<_> = (0..3).map(|_| me.clone()).collect();
+            assert!(copies.iter().all(|c| c.id() == me.id() && c.name() == Some("plain-one")));
+            tx.send(copies[1].clone()).unwrap();
+            drop(copies);
+            drop(me);
+            while !p.load(Ordering::Acquire) {
+                std::thread::park();
+            }
+            vt::current().id()
+        })
+        .unwrap();
+    let handle = rx.recv().unwrap();
+    let id = handle.id();
+    parked.store(true, Ordering::Release);
+    handle.unpark();
+    drop(handle);
+    assert_eq!(t.join().unwrap(), id);
+    let rt = rt(1);
+    let (fiber_id, name) = rt.block_on(|| {
+        let h = vt::Builder::new().name("a-fiber".into()).spawn(|| vt::current().id()).unwrap();
+        let f = h.fiber().clone();
+        let name = f.name().map(str::to_owned);
+        assert_eq!(h.join().unwrap(), f.id());
+        (f.id(), name)
+    });
+    assert_ne!(fiber_id, id);
+    assert_eq!(name.as_deref(), Some("a-fiber"));
+}
+
 #[test]
 fn join_from_a_plain_thread_and_is_finished() {
     let rt = rt(2);

@@ -9,7 +9,7 @@ use std::sync::atomic::Ordering;
 use corosensei::{Coroutine, Yielder};
 
 use super::join::{self, JoinHandle};
-use super::park::{Fiber, next_id};
+use super::park::next_id;
 use super::stack::{FiberStack, SizeClass, usable_size};
 use super::{Co, FiberRecord, Init, STAGE_CLOSURE, STAGE_RESULT, StageVTable, Suspend};
 use crate::runtime::context;
@@ -133,7 +133,8 @@ impl Builder {
             since: rt.clock.stamp().unwrap_or(0),
         };
         // SAFETY: `slot` came from a pool (or is new): unused and ours.
-        let (rec, handle) = unsafe { prepare(slot, init, f) };
+        let (rec, for_handle) = unsafe { prepare::<F, T>(slot, init, f) };
+        let handle = JoinHandle::new(for_handle);
         match local {
             Some(c) => {
                 c.schedule_spawned(rec);
@@ -260,10 +261,27 @@ where
     F: FnOnce() -> T + Send + 'static,
     T: Send + 'static,
 {
-    match spawn_here(f, at_caller()) {
-        Ok(h) => h,
-        Err(e) => panic!("failed to spawn fiber: {e}"),
+    let at = at_caller();
+    let c = context::carrier();
+    if c.is_null() {
+        return spawn_here(f, at).unwrap_or_else(|e| spawn_failed(e));
     }
+    // SAFETY: a non-null carrier pointer is this thread's live carrier; used only before the
+    // fork-yield at the end of `spawn_local`, its one switch point.
+    let c = unsafe { &*c };
+    // Checked here rather than inside: the handle then travels in a register, not in an
+    // `io::Result` in memory (moving that enum cost a store-forwarding stall per spawn).
+    if let Err(e) = c.ensure_stack(c.shared().stacks) {
+        spawn_failed(e);
+    }
+    // SAFETY: `F` and `T` are 'static; `c` as above; a stack can be had.
+    unsafe { spawn_local(c, f, at) }
+}
+
+#[cold]
+#[inline(never)]
+fn spawn_failed(e: io::Error) -> ! {
+    panic!("failed to spawn fiber: {e}")
 }
 
 #[track_caller]
@@ -290,26 +308,30 @@ where
     }
     // SAFETY: a non-null carrier pointer is this thread's live carrier; `spawn_local` uses it
     // only before its one switch point, the fork-yield at its very end.
-    unsafe { spawn_local(&*c, f, at) }
+    let c = unsafe { &*c };
+    c.ensure_stack(c.shared().stacks)?;
+    // SAFETY: `F` and `T` are 'static; `c` as above; a stack can be had.
+    Ok(unsafe { spawn_local(c, f, at) })
 }
 
 /// `spawn_unchecked_at` for a fiber of the carrier's own runtime, with the runtime's default
 /// stack, no name and no scope.
 ///
 /// # Safety
-/// As for `spawn_unchecked_at`; `c` is this thread's carrier, not used after this returns.
+/// As for `spawn_unchecked_at`; `c` is this thread's carrier, not used after this returns, and
+/// its `ensure_stack` for the runtime's class just succeeded.
+#[inline(always)]
 unsafe fn spawn_local<F, T>(
     c: &crate::scheduler::carrier::Carrier,
     f: F,
     at: &'static Location<'static>,
-) -> io::Result<JoinHandle<T>>
+) -> JoinHandle<T>
 where
     F: FnOnce() -> T + Send,
     T: Send,
 {
     let rt = c.shared();
     let class = rt.stacks;
-    c.ensure_stack(class)?;
     let id = c.next_id();
     let slot = c.alloc_record();
     let runtime = c.take_ref();
@@ -329,13 +351,15 @@ where
     };
     // SAFETY: `slot` came from the carrier's pool: unused and ours; the caller's contract
     // covers what `f` borrows.
-    let (rec, handle) = unsafe { prepare(slot, init, f) };
+    let (rec, for_handle) = unsafe { prepare::<F, T>(slot, init, f) };
     c.schedule_spawned(rec);
     fork_yield(c);
-    Ok(handle)
+    // The handle is built here, from the reference kept in a register: built before the calls
+    // above, it sat in a stack slot written with 8-byte stores and read back with a 16-byte load.
+    JoinHandle::new(for_handle)
 }
 
-/// Fills a fresh record and its stage: the fiber's queue reference and its join handle.
+/// Fills a fresh record and its stage: the fiber's queue reference and its join handle's.
 ///
 /// # Safety
 /// `slot` is an unused record owned by the caller.
@@ -344,7 +368,7 @@ unsafe fn prepare<F, T>(
     slot: std::ptr::NonNull<FiberRecord>,
     init: Init,
     f: F,
-) -> (super::FiberRef, JoinHandle<T>)
+) -> (super::FiberRef, super::FiberRef)
 where
     F: FnOnce() -> T + Send,
     T: Send,
@@ -353,5 +377,5 @@ where
     let (rec, for_handle) = unsafe { FiberRecord::init(slot, init) };
     // SAFETY: the record is not queued yet: we are its only user.
     unsafe { rec.put_stage(f, STAGE_CLOSURE) };
-    (rec, JoinHandle { fiber: Fiber::from_record(for_handle), _result: PhantomData })
+    (rec, for_handle)
 }

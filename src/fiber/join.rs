@@ -164,6 +164,12 @@ pub struct JoinHandle<T> {
 }
 
 impl<T> JoinHandle<T> {
+    /// The handle of a fiber just spawned, from the reference `FiberRecord::init` made for it.
+    #[inline(always)]
+    pub(crate) fn new(rec: super::FiberRef) -> JoinHandle<T> {
+        JoinHandle { fiber: Fiber::from_record(rec), _result: PhantomData }
+    }
+
     fn rec(&self) -> &FiberRecord {
         self.fiber.record().expect("a join handle refers to a fiber")
     }

@@ -532,6 +532,7 @@ impl FiberRecord {
 
 /// A counted reference to a [`FiberRecord`] (the runtime's own `Arc`, so that the last drop
 /// recycles the record instead of freeing it).
+#[repr(transparent)] // `park::Fiber` reads its pointer as one
 pub(crate) struct FiberRef(NonNull<FiberRecord>);
 
 // SAFETY: `FiberRecord` is `Send + Sync` (see its impls); the count keeps it alive.
