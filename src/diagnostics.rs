@@ -401,7 +401,7 @@ pub(crate) fn collect(rt: &Shared) -> FiberDump {
 
 fn describe(rt: &Shared, f: &FiberRef, now: u64) -> Option<FiberInfo> {
     let state = match f.state() {
-        RUNNING if f.is_yielded() => FiberState::Runnable,
+        RUNNING if f.is_queued_running() => FiberState::Runnable,
         RUNNING => {
             let carrier = f.carrier.load(Ordering::Relaxed) as usize;
             match rt.slots.get(carrier) {
