@@ -158,14 +158,19 @@ impl Carrier {
         unsafe { self.rt.take_from_stock() }
     }
 
-    /// Takes back a dropped runtime reference into the stock, if there is room.
-    pub(crate) fn stock_ref(&self) -> bool {
-        let s = self.stock.get();
-        if s >= MAX_STOCK {
-            return false;
+    /// Takes back a dropped runtime reference into the stock. A full stock gives half of itself
+    /// back in one atomic subtraction: given back one at a time, the 10,000 references of a
+    /// W1 op that spawns all before joining any (the stock fills after 256) each cost an
+    /// atomic on the runtime's count, a line every carrier shares (7% of W1's samples).
+    #[inline]
+    pub(crate) fn stock_ref(&self) {
+        let s = self.stock.get() + 1;
+        if s <= MAX_STOCK {
+            self.stock.set(s);
+            return;
         }
-        self.stock.set(s + 1);
-        true
+        self.stock.set(MAX_STOCK / 2);
+        self.rt.release_stock(s - MAX_STOCK / 2);
     }
 
     #[inline]

@@ -645,7 +645,8 @@ impl Drop for RuntimeRef {
         if !c.is_null() {
             // SAFETY: a non-null carrier pointer is the live carrier of this thread.
             let c = unsafe { &*c };
-            if std::ptr::eq(c.shared(), self.ptr()) && c.stock_ref() {
+            if std::ptr::eq(c.shared(), self.ptr()) {
+                c.stock_ref();
                 return;
             }
         }
@@ -664,11 +665,8 @@ pub(crate) fn recycle_record(rt: RuntimeRef, ptr: NonNull<FiberRecord>) {
         let c = unsafe { &*c };
         if std::ptr::eq(c.shared(), rt.ptr()) {
             c.give_record(ptr);
-            // Into the carrier's stock as a unit (see `Carrier::take_ref`), or given up.
-            if !c.stock_ref() {
-                // SAFETY: we own this reference and give it up (and forget it below).
-                unsafe { rt.release(1) };
-            }
+            // Into the carrier's stock as a unit (see `Carrier::take_ref`).
+            c.stock_ref();
             std::mem::forget(rt);
             return;
         }
