@@ -939,12 +939,14 @@ unsafe fn take_finished(co: &mut Option<crate::fiber::Co>) -> Option<crate::fibe
     const WORDS: usize = size_of::<Slot>() / size_of::<usize>();
     const _: () =
         assert!(size_of::<Slot>() % size_of::<usize>() == 0 && align_of::<Slot>() >= align_of::<usize>());
-    let src = (co as *mut Slot).cast::<usize>();
+    // Words as `MaybeUninit`: a padding byte (corosensei's layout is its own) is copied as
+    // it is, never read as an integer.
+    let src = (co as *mut Slot).cast::<MaybeUninit<usize>>();
     let mut out = MaybeUninit::<Slot>::uninit();
-    let dst = out.as_mut_ptr().cast::<usize>();
+    let dst = out.as_mut_ptr().cast::<MaybeUninit<usize>>();
     for i in 0..WORDS {
-        // SAFETY: `i < WORDS` words lie within both (the asserts above); volatile keeps LLVM
-        // from merging them into wider loads.
+        // SAFETY: `i < WORDS` words lie within both, which are word-aligned (the asserts
+        // above); volatile keeps LLVM from merging them into wider loads.
         unsafe { dst.add(i).write(src.add(i).read_volatile()) };
     }
     // SAFETY: the slot's value now lives in `out`: overwrite it without dropping it. `out`
