@@ -56,6 +56,9 @@ pub struct Metrics {
     /// Address space reserved by those stacks, guard pages included. Only the pages fibers
     /// touched are memory.
     pub stack_bytes_reserved: u64,
+    /// Pooled stacks whose pages were given back to the kernel after sitting unused for two
+    /// seconds or more (process-wide, all sizes): memory a burst of fibers no longer holds.
+    pub stacks_scavenged: u64,
     /// Parked fibers whose stacks were compacted (`runtime::Builder::compact_parked_after`).
     pub stack_compactions: u64,
     /// Compacted stacks copied back (the fiber woke, or the runtime's drop unwound it).
@@ -130,6 +133,7 @@ impl Metrics {
             stack_pool_misses: sum(|s| &s.stack_misses),
             stacks_carved: carved as u64,
             stack_bytes_reserved: reserved as u64,
+            stacks_scavenged: crate::fiber::stack::SizeClass::scavenged() as u64,
             stack_compactions: compactions,
             stack_restores: restores,
             compacted_stack_bytes: saved_bytes.saturating_sub(restored_bytes),
@@ -170,11 +174,12 @@ impl fmt::Display for Metrics {
         )?;
         writeln!(
             f,
-            "stacks: {} carved ({} MiB reserved), carrier cache {} hits / {} misses",
+            "stacks: {} carved ({} MiB reserved), carrier cache {} hits / {} misses, {} given back idle",
             self.stacks_carved,
             self.stack_bytes_reserved >> 20,
             self.stack_pool_hits,
-            self.stack_pool_misses
+            self.stack_pool_misses,
+            self.stacks_scavenged
         )?;
         writeln!(
             f,

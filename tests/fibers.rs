@@ -618,3 +618,43 @@ fn dropping_a_runtime_unwinds_fibers_waiting_in_scope_and_join() {
     assert!(scoper.join().is_err());
     assert!(joiner.join().is_err());
 }
+
+/// After a burst, the stacks of its fibers do not keep their pages for ever: the supervisor's
+/// scavenger gives back what sat unused in the pool for an interval (two seconds; the
+/// bound here is generous). The counter is process-wide, so the test asks for its own share.
+#[test]
+fn a_bursts_stacks_are_given_back_once_unused() {
+    let rt = rt(2);
+    let before = rt.metrics().stacks_scavenged;
+    rt.block_on(|| {
+        let gate = Arc::new(vt::sync::Mutex::new(()));
+        let started = Arc::new(AtomicUsize::new(0));
+        let held = gate.lock();
+        let fibers: Vec<_> = (0..3000)
+            .map(|_| {
+                let (gate, started) = (gate.clone(), started.clone());
+                vt::spawn(move || {
+                    // Touch a few pages of this fiber's stack.
+                    let buf = std::hint::black_box([7u8; 12 * 1024]);
+                    started.fetch_add(1, Ordering::Relaxed);
+                    drop(gate.lock());
+                    buf[100] as usize
+                })
+            })
+            .collect();
+        while started.load(Ordering::Relaxed) < 3000 {
+            vt::yield_now();
+        }
+        drop(held);
+        assert!(fibers.into_iter().all(|f| f.join().unwrap() == 7));
+    });
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let released = loop {
+        let n = rt.metrics().stacks_scavenged - before;
+        if n >= 2000 || Instant::now() > deadline {
+            break n;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert!(released >= 2000, "only {released} of the burst's 3,000 stacks were given back within 30 s");
+}

@@ -5,14 +5,17 @@
 //! ~25 ns for a reused stack. So stacks are slots in arenas (`MAP_NORESERVE`, no THP) that grow
 //! geometrically, and a slot's guard page is a `MADV_GUARD_INSTALL` marker (no VMA) or, on
 //! kernels before 6.13, an `mprotect` page counted against a checked limit. Slots are recycled
-//! through a per-carrier cache in front of one pool per size class; they are never unmapped.
-//! See `arch/fiber.md`.
+//! through a per-carrier cache in front of one pool per size class; they are never unmapped,
+//! but the pages of slots that sat unused in the pool through a whole scavenge interval go
+//! back to the kernel (`SizeClass::scavenge`, run by the supervisor), so a burst of fibers
+//! does not hold its memory for the life of the process. See `arch/fiber.md`.
 //!
 //! ```text
 //!  arena:  | guard | stack 0 (grows down) ... | guard | stack 1 ... | guard | ...
 //!          ^ limit                           ^ base
 //! ```
 
+use std::collections::VecDeque;
 use std::io;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Mutex, OnceLock};
@@ -41,11 +44,45 @@ pub(crate) struct SizeClass {
     /// Bytes per slot: guard page + usable.
     stride: usize,
     /// Free slots (their lowest address).
-    free: Mutex<Vec<usize>>,
+    free: Mutex<Pool>,
     carver: Mutex<Carver>,
     /// Stacks ever carved, for metrics.
     carved: AtomicUsize,
 }
+
+/// A class's free slots: the warm ones (their pages may be resident) handed out newest first,
+/// then the cold ones (pages given back).
+#[derive(Debug, Default)]
+struct Pool {
+    /// Oldest first: a take pops from the back, the scavenger releases from the front.
+    warm: VecDeque<usize>,
+    cold: Vec<usize>,
+    /// The fewest warm slots the pool held since the last scavenge: that many sat unused for
+    /// the whole interval (Go's scavenger and jemalloc's decay work from the same observation).
+    low: usize,
+}
+
+impl Pool {
+    fn len(&self) -> usize {
+        self.warm.len() + self.cold.len()
+    }
+
+    fn pop(&mut self) -> Option<usize> {
+        let s = self.warm.pop_back().or_else(|| self.cold.pop());
+        self.low = self.low.min(self.warm.len());
+        s
+    }
+}
+
+/// Warm slots a scavenge leaves in each class's pool whatever the interval saw: the next
+/// burst's first stacks need no page faults.
+const SCAVENGE_KEEP: usize = 256;
+/// Most slots one scavenge releases (some milliseconds of `madvise`); more wait for the next
+/// call, which the supervisor makes soon (`SCAVENGE_AGAIN`).
+const SCAVENGE_MAX: usize = 16 * 1024;
+
+/// Stacks whose pages the scavenger gave back, over all classes (for metrics).
+static SCAVENGED: AtomicUsize = AtomicUsize::new(0);
 
 #[derive(Debug, Default)]
 struct Carver {
@@ -79,15 +116,20 @@ impl SizeClass {
         if let Some(c) = classes.iter().find(|c| c.usable == usable) {
             return c;
         }
-        let class: &'static SizeClass = Box::leak(Box::new(SizeClass {
-            usable,
-            stride: usable + platform::page_size(),
-            free: Mutex::new(Vec::new()),
-            carver: Mutex::new(Carver::default()),
-            carved: AtomicUsize::new(0),
-        }));
+        let class = SizeClass::leaked(usable);
         classes.push(class);
         class
+    }
+
+    /// A new class, not listed (so `get` and `scavenge_all` do not see it).
+    fn leaked(usable: usize) -> &'static SizeClass {
+        Box::leak(Box::new(SizeClass {
+            usable,
+            stride: usable + platform::page_size(),
+            free: Mutex::new(Pool::default()),
+            carver: Mutex::new(Carver::default()),
+            carved: AtomicUsize::new(0),
+        }))
     }
 
     /// Stacks ever carved in this class and their reserved bytes (guard pages included), and
@@ -110,7 +152,7 @@ impl SizeClass {
 
     /// Makes sure the pool holds at least one stack, carving one if needed.
     pub(crate) fn ensure_available(&'static self) -> io::Result<()> {
-        if !self.free.lock().unwrap_or_else(|e| e.into_inner()).is_empty() {
+        if self.free.lock().unwrap_or_else(|e| e.into_inner()).len() != 0 {
             return Ok(());
         }
         let s = self.take()?;
@@ -121,9 +163,10 @@ impl SizeClass {
     /// Moves up to `n` pooled stacks into `into` (a carrier's cache) under one lock.
     pub(crate) fn take_batch(&'static self, into: &mut Vec<FiberStack>, n: usize) {
         let mut free = self.free.lock().unwrap_or_else(|e| e.into_inner());
-        let k = free.len().min(n);
-        let start = free.len() - k;
-        into.extend(free.drain(start..).map(|bottom| FiberStack { bottom, class: self }));
+        for _ in 0..n {
+            let Some(bottom) = free.pop() else { break };
+            into.push(FiberStack { bottom, class: self });
+        }
     }
 
     /// Returns stacks to the shared pool under one lock.
@@ -131,8 +174,71 @@ impl SizeClass {
         let mut free = self.free.lock().unwrap_or_else(|e| e.into_inner());
         for s in stacks {
             debug_assert!(std::ptr::eq(s.class, self));
-            free.push(s.into_raw());
+            free.warm.push_back(s.into_raw());
         }
+    }
+
+    /// Gives back the pages of the slots that stayed warm in the pool, unused, since the last
+    /// call, beyond `SCAVENGE_KEEP`: the oldest first, one `madvise` per run of neighbours, with
+    /// the pool's lock released meanwhile (the slots are out of the pool, ours alone), at most
+    /// `SCAVENGE_MAX` per call. Returns how many it released, and whether more of them wait
+    /// (then the next call goes on with them rather than starting a new interval). The
+    /// supervisor calls it every `SCAVENGE_EVERY`, and again soon while more wait.
+    pub(crate) fn scavenge(&self) -> (usize, bool) {
+        let (mut idle, more): (Vec<usize>, bool) = {
+            let mut free = self.free.lock().unwrap_or_else(|e| e.into_inner());
+            let due = free.low.saturating_sub(SCAVENGE_KEEP);
+            let n = due.min(SCAVENGE_MAX);
+            let idle = free.warm.drain(..n).collect();
+            // The rest of the due slots still lead the queue, unused since the interval began;
+            // otherwise a new interval begins with every slot now in the pool.
+            free.low = if n < due { free.low - n } else { free.warm.len() };
+            (idle, n < due)
+        };
+        if idle.is_empty() {
+            return (0, more);
+        }
+        idle.sort_unstable();
+        let page = platform::page_size();
+        let mut i = 0;
+        while i < idle.len() {
+            // A slot is its guard page, then its stack; neighbours in an arena are one stride
+            // apart, so a run of them is one range (the guards inside it stay guards).
+            let start = idle[i] + page;
+            let mut last = idle[i];
+            i += 1;
+            while i < idle.len() && idle[i] == last + self.stride {
+                last = idle[i];
+                i += 1;
+            }
+            // A failed call leaves the pages as they were: the slots are still good stacks.
+            // SAFETY: `start..last + stride` covers the stacks of free slots taken out of the
+            // pool above (nobody else holds them; their contents are dead) and the guard pages
+            // between them, which `release` leaves guards.
+            let _ = unsafe { platform::release(start, last + self.stride - start) };
+        }
+        let n = idle.len();
+        self.free.lock().unwrap_or_else(|e| e.into_inner()).cold.extend(idle);
+        SCAVENGED.fetch_add(n, Ordering::Relaxed);
+        (n, more)
+    }
+
+    /// Whether some class's pool holds more warm slots than a scavenge keeps: the next
+    /// scavenge may have something to give back.
+    pub(crate) fn any_excess() -> bool {
+        let classes: Vec<&'static SizeClass> = CLASSES.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        classes.iter().any(|c| c.free.lock().unwrap_or_else(|e| e.into_inner()).warm.len() > SCAVENGE_KEEP)
+    }
+
+    /// `scavenge` over every class. Returns whether some class has more due.
+    pub(crate) fn scavenge_all() -> bool {
+        let classes: Vec<&'static SizeClass> = CLASSES.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        classes.iter().fold(false, |more, c| c.scavenge().1 | more)
+    }
+
+    /// Stacks the scavenger has released since the process started.
+    pub(crate) fn scavenged() -> usize {
+        SCAVENGED.load(Ordering::Relaxed)
     }
 
     #[cold]
@@ -325,7 +431,7 @@ const PREFETCH_LINES: usize = 8;
 
 impl Drop for FiberStack {
     fn drop(&mut self) {
-        self.class.free.lock().unwrap_or_else(|e| e.into_inner()).push(self.bottom);
+        self.class.free.lock().unwrap_or_else(|e| e.into_inner()).warm.push_back(self.bottom);
     }
 }
 
@@ -351,6 +457,70 @@ unsafe impl corosensei::stack::Stack for FiberStack {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The scavenger gives back only what sat in the pool through a whole interval, beyond
+    /// `SCAVENGE_KEEP`, oldest first; released stacks read as zero and are handed out after
+    /// the warm ones; the kept ones keep their bytes.
+    #[test]
+    fn scavenge_releases_what_stayed_unused_for_an_interval() {
+        // An unlisted class: no supervisor's scavenge of all classes touches its pool.
+        let class = SizeClass::leaked(usable_size(37 * 4096).unwrap());
+        let n = SCAVENGE_KEEP + 100;
+        let stacks: Vec<FiberStack> = (0..n).map(|_| class.take().unwrap()).collect();
+        let top = |s: &FiberStack| s.bottom + class.stride - 8;
+        for (i, s) in stacks.iter().enumerate() {
+            // SAFETY: the word just below the top of a stack we hold: mapped and ours.
+            unsafe { (top(s) as *mut usize).write(i + 1) };
+        }
+        let order: Vec<usize> = stacks.iter().map(|s| s.bottom).collect();
+        class.give_batch(stacks.into_iter());
+        // The first call only starts the interval.
+        assert_eq!(class.scavenge(), (0, false));
+        // Ten slots are used (taken and given back) within the interval: the low mark is
+        // n - 10, so n - 10 - KEEP were unused throughout.
+        let mut used = Vec::new();
+        class.take_batch(&mut used, 10);
+        class.give_batch(used.into_iter());
+        assert_eq!(class.scavenge(), (100 - 10, false));
+        // The released ones are the oldest returned: the first 90 given back. They read as
+        // zero; the rest still hold what was written.
+        // SAFETY: reading words inside slots of this class's arena, which stay mapped.
+        let word = |bottom: usize| unsafe { ((bottom + class.stride - 8) as *const usize).read() };
+        for (i, &b) in order.iter().enumerate() {
+            let expect = if i < 90 { 0 } else { i + 1 };
+            assert_eq!(word(b), expect, "slot {i}");
+        }
+        // Warm slots are handed out before cold ones.
+        let mut all = Vec::new();
+        class.take_batch(&mut all, n);
+        assert_eq!(all.len(), n);
+        assert!(all[..n - 90].iter().all(|s| word(s.bottom) != 0));
+        assert!(all[n - 90..].iter().all(|s| word(s.bottom) == 0));
+        class.give_batch(all.into_iter());
+        assert!(SizeClass::scavenged() >= 90);
+    }
+
+    /// A scavenge releases at most `SCAVENGE_MAX`; the next call goes on with the rest of the
+    /// due slots without waiting for a new interval, then a new interval begins.
+    #[test]
+    fn a_capped_scavenge_leaves_the_rest_for_the_next_call() {
+        let class = SizeClass::leaked(MIN_STACK_SIZE);
+        let n = SCAVENGE_MAX + SCAVENGE_KEEP + 10;
+        let stacks: Vec<FiberStack> = (0..n).map(|_| class.take().unwrap()).collect();
+        class.give_batch(stacks.into_iter());
+        assert_eq!(class.scavenge(), (0, false));
+        assert_eq!(class.scavenge(), (SCAVENGE_MAX, true));
+        // One of the 10 left over is used meanwhile: the other 9 go now.
+        let mut one = Vec::new();
+        class.take_batch(&mut one, 1);
+        class.give_batch(one.into_iter());
+        assert_eq!(class.scavenge(), (9, false));
+        // That one goes after an interval of its own; then only the kept ones are left.
+        assert_eq!(class.scavenge(), (1, false));
+        assert_eq!(class.scavenge(), (0, false));
+        assert_eq!(class.free.lock().unwrap().warm.len(), SCAVENGE_KEEP);
+        assert_eq!(class.free.lock().unwrap().cold.len(), n - SCAVENGE_KEEP);
+    }
 
     #[test]
     fn sizes_are_validated_and_rounded() {

@@ -19,6 +19,7 @@ use std::time::{Duration, Instant};
 
 use super::{RuntimeRef, Shared};
 use crate::fiber::compact::Compactor;
+use crate::fiber::stack::SizeClass;
 
 /// Samples without progress before a stalled carrier in the kernel counts as blocked: one
 /// sample means the same fiber ran through a whole interval without a switch, and a thread
@@ -27,6 +28,13 @@ const STALL_SAMPLES: u32 = 1;
 /// Samples without progress before a carrier running on the CPU counts as blocked (a fiber that
 /// computes for ~100 ms without a switch starves the fibers queued behind it).
 const CPU_STALL_SAMPLES: u32 = 10;
+/// How often the stack pools give back the pages of stacks that sat unused since the last
+/// time (`SizeClass::scavenge`); idle, the supervisor wakes for it only while a pool holds
+/// more than it keeps.
+const SCAVENGE_EVERY: Duration = Duration::from_secs(2);
+/// How soon the next scavenge comes when the last one left due stacks for later (it releases
+/// at most `SCAVENGE_MAX` at a time, so as not to hold the supervisor long).
+const SCAVENGE_AGAIN: Duration = Duration::from_millis(20);
 /// ZIO's rule after its false-positive bug: more than 64 runs at a location, and at least half
 /// of them caught blocking, make it known-blocking.
 const KNOWN_MIN_RUNS: u64 = 64;
@@ -58,6 +66,7 @@ pub(crate) fn run(rt: RuntimeRef) {
     let mut starving: HashSet<usize> = HashSet::new();
     let mut quiet: Option<(u64, usize)> = None;
     let mut compactor = Compactor::new(&rt);
+    let mut scavenger = Scavenger { next: Instant::now() + SCAVENGE_EVERY };
     while !rt.shutdown.load(Ordering::Acquire) {
         rt.tick_clock();
         let started = rt.started();
@@ -76,8 +85,9 @@ pub(crate) fn run(rt: RuntimeRef) {
         if let Some(c) = &mut compactor {
             c.run_if_due(&rt);
         }
+        scavenger.run_if_due();
         if running == 0 && watch.iter().all(|w| !w.blocked) {
-            sleep_until_work(&rt, every, &mut quiet, compactor.as_mut());
+            sleep_until_work(&rt, every, &mut quiet, compactor.as_mut(), &mut scavenger);
         } else {
             std::thread::park_timeout(every);
         }
@@ -213,14 +223,17 @@ fn sleep_until_work(
     every: Duration,
     checked: &mut Option<(u64, usize)>,
     mut compactor: Option<&mut Compactor>,
+    scavenger: &mut Scavenger,
 ) {
-    // Parks until `until`, or earlier for a compaction pass, which it runs.
+    // Parks until `until`, or earlier for a compaction pass or a scavenge, which it runs.
     let mut wait = |until: Instant| {
-        let due = compactor.as_ref().and_then(|c| c.due(rt)).filter(|&d| d < until);
+        let due = [compactor.as_ref().and_then(|c| c.due(rt)), scavenger.due()].into_iter().flatten().min();
+        let due = due.filter(|&d| d < until);
         std::thread::park_timeout(due.unwrap_or(until).saturating_duration_since(Instant::now()));
         if let Some(c) = compactor.as_mut() {
             c.run_if_due(rt);
         }
+        scavenger.run_if_due();
     };
     rt.supervisor_sleeping.store(true, Ordering::SeqCst);
     if !all_idle(rt) {
@@ -260,6 +273,27 @@ fn sleep_until_work(
         }
     }
     rt.supervisor_sleeping.store(false, Ordering::SeqCst);
+}
+
+/// Runs the stack pools' scavenge every `SCAVENGE_EVERY` (`SizeClass::scavenge`).
+struct Scavenger {
+    next: Instant,
+}
+
+impl Scavenger {
+    /// When the next scavenge is due, if a pool holds stacks it would give back; `None` lets
+    /// an idle supervisor sleep through (idle means idle).
+    fn due(&self) -> Option<Instant> {
+        SizeClass::any_excess().then_some(self.next)
+    }
+
+    fn run_if_due(&mut self) {
+        let now = Instant::now();
+        if now >= self.next {
+            let more = SizeClass::scavenge_all();
+            self.next = now + if more { SCAVENGE_AGAIN } else { SCAVENGE_EVERY };
+        }
+    }
 }
 
 #[cfg(test)]
