@@ -55,6 +55,8 @@ struct Watch {
     blocked: bool,
     /// The carrier thread's CPU time (clock ticks) at the first stalled sample, if procfs said.
     cpu_at_stall: Option<u64>,
+    /// The carrier's CPU and that CPU's steal time (clock ticks) at the first stalled sample.
+    steal_at_stall: Option<(usize, u64)>,
 }
 
 /// The supervisor thread's body.
@@ -116,16 +118,25 @@ fn sample(rt: &Shared, i: usize, w: &mut Watch, starving: &mut HashSet<usize>) -
         let in_kernel = matches!(stat, Some((b'S' | b'D', _)));
         if w.stalled == 1 {
             w.cpu_at_stall = stat.map(|(_, cpu)| cpu);
+            let tid = slot.tid.load(Ordering::Relaxed);
+            w.steal_at_stall = thread_processor(tid).and_then(|c| steal_ticks(c).map(|t| (c, t)));
         }
-        if !in_kernel
-            && w.stalled >= CPU_STALL_SAMPLES
-            && rt.idle.sleeping_count() == 0
-            && starving.insert(loc as usize)
-        {
+        if !in_kernel && w.stalled >= CPU_STALL_SAMPLES && rt.idle.sleeping_count() == 0 {
             // Every carrier busy and this one held by one fiber for ~100 ms: the queued
-            // fibers starve unless the spare we are about to start takes them.
+            // fibers starve unless the spare we are about to start takes them. Unless the
+            // host took the carrier's CPU for most of that time (a VM's vCPU descheduled:
+            // steal time), which is no fault of the fiber's and not worth a warning.
             let every = rt.config.supervisor_interval;
-            crate::diagnostics::warn_starvation(rt, i, every * w.stalled, cpu_since_stall(w, stat, every));
+            let window = every * (w.stalled - 1);
+            let host_took_it = stolen_since_stall(w).is_some_and(|stolen| 2 * stolen >= window);
+            if !host_took_it && starving.insert(loc as usize) {
+                crate::diagnostics::warn_starvation(
+                    rt,
+                    i,
+                    every * w.stalled,
+                    cpu_since_stall(w, stat, every),
+                );
+            }
         }
         if in_kernel || w.stalled >= CPU_STALL_SAMPLES {
             w.blocked = true;
@@ -154,6 +165,40 @@ fn thread_stat(tid: i32) -> Option<(u8, u64)> {
     let mut fields = rest.split_ascii_whitespace().skip(11);
     let mut ticks = || fields.next().and_then(|f| f.parse::<u64>().ok());
     Some((state, ticks()? + ticks()?))
+}
+
+/// The CPU thread `tid` last ran on (field 39 of stat(5)), from procfs.
+fn thread_processor(tid: i32) -> Option<usize> {
+    if tid <= 0 {
+        return None;
+    }
+    let stat = std::fs::read(format!("/proc/self/task/{tid}/stat")).ok()?;
+    let close = stat.iter().rposition(|&c| c == b')')?;
+    let rest = std::str::from_utf8(stat.get(close + 2..)?).ok()?;
+    // The state is field 3; the processor, field 39, is the 36th after it.
+    rest.split_ascii_whitespace().nth(36)?.parse().ok()
+}
+
+/// The steal time of `cpu` so far (clock ticks the hypervisor ran something else while this
+/// virtual CPU had work), from `/proc/stat`; 0 outside a VM.
+fn steal_ticks(cpu: usize) -> Option<u64> {
+    parse_steal(&std::fs::read_to_string("/proc/stat").ok()?, cpu)
+}
+
+/// The `steal` column (the 8th number) of the `cpu<N>` line of a `/proc/stat` text.
+fn parse_steal(stat: &str, cpu: usize) -> Option<u64> {
+    let name = format!("cpu{cpu}");
+    let line = stat.lines().find(|l| l.split_ascii_whitespace().next() == Some(name.as_str()))?;
+    line.split_ascii_whitespace().nth(8)?.parse().ok()
+}
+
+/// Steal time on the stalled carrier's CPU since its first stalled sample.
+fn stolen_since_stall(w: &Watch) -> Option<Duration> {
+    let (cpu, start) = w.steal_at_stall?;
+    let now = steal_ticks(cpu)?;
+    // SAFETY: sysconf has no preconditions.
+    let hz = u64::try_from(unsafe { libc::sysconf(libc::_SC_CLK_TCK) }).unwrap_or(100).max(1);
+    Some(Duration::from_nanos(now.saturating_sub(start).saturating_mul(1_000_000_000 / hz)))
 }
 
 /// How much CPU time the carrier's thread used while it stalled, and over how long a window
@@ -313,6 +358,19 @@ mod tests {
         let (_, after) = thread_stat(tid).unwrap();
         assert!(after > before, "60 ms of spinning shows in the thread's CPU time");
         assert_eq!(thread_stat(0), None);
+    }
+
+    #[test]
+    fn steal_time_is_read_per_cpu_and_this_threads_cpu_is_known() {
+        let stat = "cpu  10 0 5 900 1 0 2 40 0 0\ncpu0 5 0 2 450 1 0 1 25 0 0\ncpu1 5 0 3 450 0 0 1 15 0 0\n";
+        assert_eq!(parse_steal(stat, 0), Some(25));
+        assert_eq!(parse_steal(stat, 1), Some(15));
+        assert_eq!(parse_steal(stat, 2), None);
+        // SAFETY: gettid has no preconditions.
+        let tid = unsafe { libc::gettid() };
+        let cpu = thread_processor(tid).expect("procfs says where this thread runs");
+        assert!(steal_ticks(cpu).is_some(), "/proc/stat has a line for cpu{cpu}");
+        assert_eq!(thread_processor(0), None);
     }
 
     #[test]
