@@ -320,10 +320,16 @@ fn sleep_until_work(
     rt.supervisor_sleeping.store(false, Ordering::SeqCst);
 }
 
-/// Runs the stack pools' scavenge every `SCAVENGE_EVERY` (`SizeClass::scavenge`).
+/// Runs the stack pools' scavenge every `SCAVENGE_EVERY` (`SizeClass::scavenge`). The pools
+/// are process-wide, and so is the schedule: with several runtimes, their supervisors take
+/// turns rather than each starting a new interval every `SCAVENGE_EVERY`.
 struct Scavenger {
+    /// This supervisor's idea of when the next scavenge is due (the shared one's, as last seen).
     next: Instant,
 }
+
+/// When the next scavenge is due, for every supervisor in the process.
+static NEXT_SCAVENGE: std::sync::Mutex<Option<Instant>> = std::sync::Mutex::new(None);
 
 impl Scavenger {
     /// When the next scavenge is due, if a pool holds stacks it would give back; `None` lets
@@ -334,10 +340,17 @@ impl Scavenger {
 
     fn run_if_due(&mut self) {
         let now = Instant::now();
-        if now >= self.next {
-            let more = SizeClass::scavenge_all();
-            self.next = now + if more { SCAVENGE_AGAIN } else { SCAVENGE_EVERY };
+        if now < self.next {
+            return;
         }
+        let mut shared = NEXT_SCAVENGE.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(next) = shared.filter(|&next| next > now) {
+            self.next = next; // another supervisor scavenged meanwhile
+            return;
+        }
+        let more = SizeClass::scavenge_all();
+        self.next = now + if more { SCAVENGE_AGAIN } else { SCAVENGE_EVERY };
+        *shared = Some(self.next);
     }
 }
 
