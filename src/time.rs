@@ -5,10 +5,12 @@
 //! atomic so that an idle carrier can sleep exactly until the next timer of any carrier, and
 //! fire timers of a carrier that is busy in a long fiber. Cancellation is lazy: a fiber whose
 //! timed park ended early moves its `timer_gen` on (`disarm`), and the stale entry is discarded
-//! when it expires. See `arch/scheduler.md` (timers).
+//! when it expires. Deadlines usually arrive in order (sleeps of one length, armed one after
+//! another), so those go to a FIFO lane, armed and fired in O(1); only an earlier deadline than
+//! the lane's last goes to the heap. See `arch/scheduler.md` (timers).
 
 use std::cmp::Ordering as CmpOrdering;
-use std::collections::BinaryHeap;
+use std::collections::{BinaryHeap, VecDeque};
 use std::sync::atomic::Ordering;
 use std::time::Instant;
 
@@ -16,9 +18,13 @@ use crate::fiber::{FiberRecord, FiberRef};
 use crate::runtime::context;
 use crate::scheduler::{Shared, Wake};
 
-/// A carrier's pending timers.
+/// A carrier's pending timers: a lane of deadlines armed in order, and a heap of the rest.
+/// W7's 10,000 sleepers spent 8% of their time in the heap's pops (a sift through a 320 KB
+/// array per timer); in the lane a pop is a load.
 #[derive(Default)]
 pub(crate) struct TimerHeap {
+    /// Non-decreasing deadlines, in arming order.
+    lane: VecDeque<Entry>,
     heap: BinaryHeap<Entry>,
     seq: u64,
 }
@@ -53,7 +59,38 @@ impl Ord for Entry {
 
 impl TimerHeap {
     pub(crate) fn clear(&mut self) {
+        self.lane.clear();
         self.heap.clear();
+    }
+
+    fn push(&mut self, e: Entry) {
+        match self.lane.back() {
+            Some(last) if e.at < last.at => self.heap.push(e),
+            _ => self.lane.push_back(e),
+        }
+    }
+
+    /// The earliest entry, from whichever holds it (equal deadlines: the one armed first).
+    fn peek(&self) -> Option<&Entry> {
+        match (self.lane.front(), self.heap.peek()) {
+            (Some(l), Some(h)) => Some(if (l.at, l.seq) <= (h.at, h.seq) { l } else { h }),
+            (l, h) => l.or(h),
+        }
+    }
+
+    /// Removes the earliest entry if it is due by `now`.
+    fn pop_due(&mut self, now: u64) -> Option<Entry> {
+        let from_lane = match (self.lane.front(), self.heap.peek()) {
+            (Some(l), Some(h)) => (l.at, l.seq) <= (h.at, h.seq),
+            (Some(_), None) => true,
+            (None, Some(_)) => false,
+            (None, None) => return None,
+        };
+        if from_lane {
+            self.lane.front().is_some_and(|e| e.at <= now).then(|| self.lane.pop_front()).flatten()
+        } else {
+            self.heap.peek().is_some_and(|e| e.at <= now).then(|| self.heap.pop()).flatten()
+        }
     }
 }
 
@@ -74,7 +111,7 @@ pub(crate) fn arm_timer(rec: &FiberRecord, deadline: Instant) -> u64 {
     let mut t = slot.timers.lock().unwrap_or_else(|e| e.into_inner());
     t.seq += 1;
     let seq = t.seq;
-    t.heap.push(Entry { at, seq, generation, fiber });
+    t.push(Entry { at, seq, generation, fiber });
     if at < slot.next_deadline.load(Ordering::Relaxed) {
         slot.next_deadline.store(at, Ordering::Relaxed);
     }
@@ -101,8 +138,7 @@ pub(crate) fn fire(rt: &Shared, index: usize, now: u64, try_only: bool) -> usize
         slot.timers.lock().unwrap_or_else(|e| e.into_inner())
     };
     let mut woken = 0;
-    while t.heap.peek().is_some_and(|e| e.at <= now) {
-        let e = t.heap.pop().expect("peeked");
+    while let Some(e) = t.pop_due(now) {
         // Take the wait's end from the fiber (see `disarm`); a fiber that disarmed first, or
         // parks again already, keeps it. Waking a fiber that is not parked yet (still switching
         // out) leaves its token, which ends the park at once.
@@ -114,7 +150,7 @@ pub(crate) fn fire(rt: &Shared, index: usize, now: u64, try_only: bool) -> usize
             woken += 1;
         }
     }
-    slot.next_deadline.store(t.heap.peek().map_or(u64::MAX, |e| e.at), Ordering::Relaxed);
+    slot.next_deadline.store(t.peek().map_or(u64::MAX, |e| e.at), Ordering::Relaxed);
     drop(t);
     if woken > 0 {
         // One notification for the batch (each costs a fence and a read of the idle counts):

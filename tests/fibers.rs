@@ -658,3 +658,29 @@ fn a_bursts_stacks_are_given_back_once_unused() {
     };
     assert!(released >= 2000, "only {released} of the burst's 3,000 stacks were given back within 30 s");
 }
+
+/// Timers fire in deadline order whatever order they were armed in: deadlines armed in order
+/// go to the timer lane, earlier ones to the heap, and a firing takes from whichever holds the
+/// earliest. One carrier, so the fibers arm in the order they were spawned.
+#[test]
+fn timers_fire_in_deadline_order_whatever_the_arming_order() {
+    let rt = rt(1);
+    let woke = Arc::new(Mutex::new(Vec::new()));
+    rt.block_on(|| {
+        let fibers: Vec<_> = [40u64, 50, 10, 60, 20, 30, 60, 70]
+            .into_iter()
+            .enumerate()
+            .map(|(i, ms)| {
+                let woke = woke.clone();
+                vt::spawn(move || {
+                    vt::sleep(Duration::from_millis(ms * 3));
+                    woke.lock().unwrap().push((ms, i));
+                })
+            })
+            .collect();
+        fibers.into_iter().for_each(|f| f.join().unwrap());
+    });
+    let order = woke.lock().unwrap().clone();
+    // The two 60 ms sleeps, armed one after the other, wake in that order.
+    assert_eq!(order, vec![(10, 2), (20, 4), (30, 5), (40, 0), (50, 1), (60, 3), (60, 6), (70, 7)]);
+}
