@@ -115,11 +115,10 @@ fn sample(rt: &Shared, i: usize, w: &mut Watch, starving: &mut HashSet<usize>) -
     w.stalled += 1;
     if !w.blocked && w.stalled >= STALL_SAMPLES {
         let stat = thread_stat(slot.tid.load(Ordering::Relaxed));
-        let in_kernel = matches!(stat, Some((b'S' | b'D', _)));
+        let in_kernel = stat.is_some_and(|s| matches!(s.state, b'S' | b'D'));
         if w.stalled == 1 {
-            w.cpu_at_stall = stat.map(|(_, cpu)| cpu);
-            let tid = slot.tid.load(Ordering::Relaxed);
-            w.steal_at_stall = thread_processor(tid).and_then(|c| steal_ticks(c).map(|t| (c, t)));
+            w.cpu_at_stall = stat.map(|s| s.cpu_ticks);
+            w.steal_at_stall = stat.and_then(|s| s.processor).and_then(|c| steal_ticks(c).map(|t| (c, t)));
         }
         if !in_kernel && w.stalled >= CPU_STALL_SAMPLES && rt.idle.sleeping_count() == 0 {
             // Every carrier busy and this one held by one fiber for ~100 ms: the queued
@@ -134,7 +133,7 @@ fn sample(rt: &Shared, i: usize, w: &mut Watch, starving: &mut HashSet<usize>) -
                     rt,
                     i,
                     every * w.stalled,
-                    cpu_since_stall(w, stat, every),
+                    cpu_since_stall(w, stat.map(|s| s.cpu_ticks), every),
                 );
             }
         }
@@ -150,9 +149,19 @@ fn sample(rt: &Shared, i: usize, w: &mut Watch, starving: &mut HashSet<usize>) -
     true
 }
 
-/// The scheduling state letter of thread `tid` (`R`, `S`, `D`, ...) and the CPU time it has
-/// used (user + system, in clock ticks), from procfs.
-fn thread_stat(tid: i32) -> Option<(u8, u64)> {
+/// What procfs says of a carrier thread (`thread_stat`).
+#[derive(Clone, Copy, Debug)]
+struct ThreadStat {
+    /// The scheduling state letter: `R`, `S`, `D`, ...
+    state: u8,
+    /// CPU time used, user + system, in clock ticks.
+    cpu_ticks: u64,
+    /// The CPU it last ran on.
+    processor: Option<usize>,
+}
+
+/// Thread `tid`'s state, CPU time and CPU, from one read of `/proc/self/task/<tid>/stat`.
+fn thread_stat(tid: i32) -> Option<ThreadStat> {
     if tid <= 0 {
         return None;
     }
@@ -160,23 +169,13 @@ fn thread_stat(tid: i32) -> Option<(u8, u64)> {
     // "tid (comm) S ...": the state follows the last ')', since comm may contain spaces.
     let close = stat.iter().rposition(|&c| c == b')')?;
     let state = *stat.get(close + 2)?;
-    // utime and stime are fields 14 and 15 of stat(5): the 12th and 13th after the state.
+    // Counting from the state (field 3 of stat(5)): utime and stime (fields 14 and 15) are the
+    // 11th and 12th after it, the processor (field 39) the 36th.
     let rest = std::str::from_utf8(stat.get(close + 2..)?).ok()?;
-    let mut fields = rest.split_ascii_whitespace().skip(11);
-    let mut ticks = || fields.next().and_then(|f| f.parse::<u64>().ok());
-    Some((state, ticks()? + ticks()?))
-}
-
-/// The CPU thread `tid` last ran on (field 39 of stat(5)), from procfs.
-fn thread_processor(tid: i32) -> Option<usize> {
-    if tid <= 0 {
-        return None;
-    }
-    let stat = std::fs::read(format!("/proc/self/task/{tid}/stat")).ok()?;
-    let close = stat.iter().rposition(|&c| c == b')')?;
-    let rest = std::str::from_utf8(stat.get(close + 2..)?).ok()?;
-    // The state is field 3; the processor, field 39, is the 36th after it.
-    rest.split_ascii_whitespace().nth(36)?.parse().ok()
+    let fields: Vec<&str> = rest.split_ascii_whitespace().collect();
+    let ticks = |i: usize| fields.get(i).and_then(|f| f.parse::<u64>().ok());
+    let processor = fields.get(36).and_then(|f| f.parse().ok());
+    Some(ThreadStat { state, cpu_ticks: ticks(11)? + ticks(12)?, processor })
 }
 
 /// The steal time of `cpu` so far (clock ticks the hypervisor ran something else while this
@@ -205,8 +204,8 @@ fn stolen_since_stall(w: &Watch) -> Option<Duration> {
 /// (from the first stalled sample, which came up to an interval after the stall began), if
 /// procfs said. A thread the host hardly ran (a busy machine, a VM whose vCPU was descheduled)
 /// is not a fiber hogging its carrier, and the starvation warning says so.
-fn cpu_since_stall(w: &Watch, stat: Option<(u8, u64)>, every: Duration) -> Option<(Duration, Duration)> {
-    let (start, (_, now)) = (w.cpu_at_stall?, stat?);
+fn cpu_since_stall(w: &Watch, now: Option<u64>, every: Duration) -> Option<(Duration, Duration)> {
+    let (start, now) = (w.cpu_at_stall?, now?);
     // SAFETY: sysconf has no preconditions.
     let hz = u64::try_from(unsafe { libc::sysconf(libc::_SC_CLK_TCK) }).unwrap_or(100).max(1);
     let used = Duration::from_nanos(now.saturating_sub(start).saturating_mul(1_000_000_000 / hz));
@@ -362,15 +361,16 @@ mod tests {
     fn thread_stat_reads_this_threads_state_and_cpu_time() {
         // SAFETY: gettid has no preconditions.
         let tid = unsafe { libc::gettid() };
-        let (state, before) = thread_stat(tid).expect("procfs describes a live thread");
-        assert_eq!(state, b'R', "the thread reading its own stat is running");
+        let stat = thread_stat(tid).expect("procfs describes a live thread");
+        assert_eq!(stat.state, b'R', "the thread reading its own stat is running");
+        let before = stat.cpu_ticks;
         let t = Instant::now();
         while t.elapsed() < Duration::from_millis(60) {
             std::hint::spin_loop();
         }
-        let (_, after) = thread_stat(tid).unwrap();
+        let after = thread_stat(tid).unwrap().cpu_ticks;
         assert!(after > before, "60 ms of spinning shows in the thread's CPU time");
-        assert_eq!(thread_stat(0), None);
+        assert!(thread_stat(0).is_none());
     }
 
     #[test]
@@ -381,9 +381,8 @@ mod tests {
         assert_eq!(parse_steal(stat, 2), None);
         // SAFETY: gettid has no preconditions.
         let tid = unsafe { libc::gettid() };
-        let cpu = thread_processor(tid).expect("procfs says where this thread runs");
+        let cpu = thread_stat(tid).and_then(|s| s.processor).expect("procfs says where this thread runs");
         assert!(steal_ticks(cpu).is_some(), "/proc/stat has a line for cpu{cpu}");
-        assert_eq!(thread_processor(0), None);
     }
 
     #[test]
@@ -392,10 +391,10 @@ mod tests {
         let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as u64;
         let every = Duration::from_millis(10);
         let w = Watch { stalled: 10, cpu_at_stall: Some(1_000), ..Watch::default() };
-        let (used, window) = cpu_since_stall(&w, Some((b'R', 1_000 + hz / 100)), every).unwrap();
+        let (used, window) = cpu_since_stall(&w, Some(1_000 + hz / 100), every).unwrap();
         assert_eq!((used, window), (Duration::from_millis(10), Duration::from_millis(90)));
         // Unknown at either end: nothing to say.
-        assert_eq!(cpu_since_stall(&Watch { cpu_at_stall: None, ..w }, Some((b'R', 5)), every), None);
+        assert_eq!(cpu_since_stall(&Watch { cpu_at_stall: None, ..w }, Some(5), every), None);
         assert_eq!(cpu_since_stall(&w, None, every), None);
     }
 }
