@@ -490,6 +490,57 @@ fn fiber_locals_are_per_fiber_and_follow_migration() {
     assert_eq!(totals, (0..50).collect::<Vec<u32>>());
 }
 
+/// A finished fiber's coroutine runs the next fiber (`fiber_loop`): on one carrier, fibers run
+/// one after another share a coroutine and its stack. Nothing of one may reach the next: not
+/// its fiber-locals, not a panic, not a custom stack size, and each still parks and migrates.
+#[test]
+fn fibers_run_on_a_reused_coroutine_start_afresh() {
+    let rt = rt(1);
+    let frames: Vec<usize> = rt.block_on(|| {
+        (0..40u32)
+            .filter_map(|i| {
+                let b =
+                    if i % 10 == 9 { vt::Builder::new().stack_size(128 * 1024) } else { vt::Builder::new() };
+                let h = b
+                    .spawn(move || {
+                        let local = 0u8;
+                        let frame = std::hint::black_box(&local) as *const u8 as usize;
+                        assert_eq!(COUNTER.with(|c| c.get()), 0, "fiber {i} saw an earlier fiber's local");
+                        COUNTER.with(|c| c.set(i + 1));
+                        vt::sleep(Duration::from_micros(50)); // parks: suspends mid-closure
+                        assert_eq!(COUNTER.with(|c| c.get()), i + 1);
+                        if i % 4 == 1 {
+                            // Not `panic!`: its hook prints a backtrace, slow enough in a debug
+                            // build for the supervisor to compensate with a second carrier.
+                            std::panic::resume_unwind(Box::new(format!("fiber {i} panics")));
+                        }
+                        frame
+                    })
+                    .expect("spawn");
+                match h.join() {
+                    Ok(frame) => Some(frame),
+                    Err(e) => {
+                        assert_eq!(
+                            e.downcast_ref::<String>().map(String::as_str),
+                            Some(&*format!("fiber {i} panics"))
+                        );
+                        None
+                    }
+                }
+            })
+            .collect()
+    });
+    assert_eq!(frames.len(), 30);
+    // One at a time on one carrier: the default-size ones ran on one coroutine, at one depth.
+    let distinct: HashSet<_> = frames.iter().collect();
+    // The 128 KiB ones ran on another stack, the rest on one coroutine.
+    assert!(
+        distinct.len() <= 2,
+        "{} distinct frames for 30 fibers run one at a time: {frames:x?}",
+        distinct.len()
+    );
+}
+
 #[test]
 fn pinned_sections_and_pin_started_fibers_stay_on_one_carrier() {
     let check = |rt: &vt::Runtime, use_pinned: bool| {

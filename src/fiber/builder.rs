@@ -6,12 +6,12 @@ use std::panic::{AssertUnwindSafe, Location, catch_unwind};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
-use corosensei::{Coroutine, Yielder};
+use corosensei::Coroutine;
 
 use super::join::{self, JoinHandle};
 use super::park::next_id;
 use super::stack::{FiberStack, SizeClass, usable_size};
-use super::{Co, FiberRecord, Init, STAGE_CLOSURE, STAGE_RESULT, StageVTable, Suspend};
+use super::{Co, FiberRecord, FiberYielder, Init, STAGE_CLOSURE, STAGE_RESULT, StageVTable, Suspend};
 use crate::runtime::context;
 use crate::scheduler::RuntimeRef;
 
@@ -154,33 +154,72 @@ struct Erased<F, T>(PhantomData<(F, T)>);
 
 impl<F: FnOnce() -> T + Send, T: Send> Erased<F, T> {
     const VTABLE: StageVTable =
-        StageVTable { make: make_coroutine::<F, T>, fail: fail_start::<F, T>, drop_result: drop_result::<T> };
+        StageVTable { run: run_closure::<F, T>, fail: fail_start::<F, T>, drop_result: drop_result::<T> };
 }
 
-/// Builds the coroutine straight into the record's `co`: returned by value through the vtable,
-/// it was built in a temporary and copied with 16-byte loads over the 8-byte stores that had
-/// just written it, a store-forwarding stall on every first run (W1's profile).
-///
-/// # Safety
-/// The stage holds an `F` (the closure of a fiber spawned with this vtable), consumed here;
-/// the caller of spawn guaranteed that what it borrows outlives the fiber. The caller has
-/// exclusive access to the record, whose `co` is `None`.
-unsafe fn make_coroutine<F: FnOnce() -> T + Send, T: Send>(rec: &FiberRecord, stack: FiberStack) {
-    // SAFETY: see the function's contract.
-    let f = unsafe { rec.take_stage::<F>() };
-    // The record rides in the body: the fiber need not look itself up (a thread-local read).
-    let me: *const FiberRecord = rec;
-    let body = move |y: &Yielder<(), Suspend>, ()| fiber_main(y, me, f);
-    // SAFETY: the borrows inside `body` outlive the fiber by spawn's contract; the stack is
-    // exclusively ours (from the pool); `co` is ours and `None`, so nothing is dropped.
-    unsafe {
-        debug_assert!((*rec.co_mut()).is_none());
-        (rec.co_mut() as *mut Option<Co>).write(Some(Coroutine::with_stack_unchecked(stack, body)));
+/// A coroutine for fibers, on `stack`: not started; its first resume names its first fiber.
+pub(crate) fn new_coroutine(stack: FiberStack) -> Co {
+    Coroutine::with_stack(stack, fiber_loop)
+}
+
+/// Every fiber coroutine's body: runs one fiber after another. After a fiber's result is
+/// published it suspends with `Finished`, and its carrier keeps it in a cache, stack and all;
+/// the next resume hands it a new fiber's record, and a null one ends it. Reusing it skips
+/// building a coroutine and entering it through corosensei's trampoline, which were ~60 of
+/// the ~620 instructions of a chained spawn (W3).
+fn fiber_loop(y: &FiberYielder, mut me: *const FiberRecord) {
+    while !me.is_null() {
+        debug_assert!(std::ptr::eq(me, context::current_fiber()));
+        // SAFETY: `me` is the record this coroutine was resumed for, and it outlives the
+        // fiber's run: the carrier resuming it holds a reference. Its address is stable, so
+        // `me` stays valid across switches even though the carrier may change.
+        let rec: &FiberRecord = unsafe { &*me };
+        rec.set_yielder(y);
+        // SAFETY: the stage holds the closure of the fiber spawned with this vtable (a record
+        // is resumed for a new fiber once, at its first run), consumed here.
+        unsafe { (rec.vtable.get().run)(rec) };
+        if catch_unwind(AssertUnwindSafe(|| rec.locals.clear())).is_err() {
+            eprintln!(
+                "virtual-threads: a fiber_local! destructor panicked; aborting (as std does for thread_local!)"
+            );
+            std::process::abort();
+        }
+        join::complete(rec);
+        if rec.cancelled.load(Ordering::Acquire) {
+            // The runtime's drop is unwinding its fibers: nothing will run another here.
+            return;
+        }
+        me = y.suspend(Suspend::Finished);
     }
 }
 
+/// A fiber's closure, run on its coroutine: its panic caught, its result put in the stage.
+///
 /// # Safety
-/// As for [`make_coroutine`].
+/// The stage holds an `F` (the closure of a fiber spawned with this vtable), consumed here;
+/// the caller of spawn guaranteed that what it borrows outlives the fiber. The caller is the
+/// fiber's coroutine, at the fiber's first run.
+unsafe fn run_closure<F: FnOnce() -> T + Send, T: Send>(me: &FiberRecord) {
+    // SAFETY: see the function's contract.
+    let f = unsafe { me.take_stage::<F>() };
+    let result = if me.cancelled.load(Ordering::Acquire) {
+        // Cancelled before it ever ran: drop the closure (its captures' destructors run here).
+        let _ = catch_unwind(AssertUnwindSafe(move || drop(f)));
+        Err(Box::new(CANCELLED) as Box<dyn std::any::Any + Send>)
+    } else {
+        match catch_unwind(AssertUnwindSafe(f)) {
+            // The runtime's drop unwound it (corosensei's private unwind payload).
+            Err(_) if me.cancelled.load(Ordering::Acquire) => Err(Box::new(CANCELLED) as _),
+            r => r,
+        }
+    };
+    // SAFETY: the stage is empty (the closure was moved out above) and only this fiber writes
+    // it until it publishes DONE.
+    unsafe { me.put_stage(result, STAGE_RESULT) };
+}
+
+/// # Safety
+/// As for [`run_closure`].
 unsafe fn fail_start<F: FnOnce() -> T + Send, T: Send>(rec: &FiberRecord, e: io::Error) {
     // SAFETY: see the function's contract.
     let f = unsafe { rec.take_stage::<F>() };
@@ -216,37 +255,6 @@ fn fork_yield(c: &crate::scheduler::carrier::Carrier) {
     if n >= every {
         crate::yield_now(); // resets the count
     }
-}
-
-/// Every fiber's body: run the closure, catch its panic, publish the result.
-fn fiber_main<F: FnOnce() -> T, T>(y: &Yielder<(), Suspend>, me: *const FiberRecord, f: F) {
-    debug_assert!(std::ptr::eq(me, context::current_fiber()));
-    // SAFETY: `me` is this fiber's record (`make_coroutine` put it there), and the record
-    // outlives the fiber's run: the carrier resuming it holds a reference. Its address is
-    // stable, so `me` stays valid across switches even though the carrier may change.
-    let me: &FiberRecord = unsafe { &*me };
-    me.set_yielder(y);
-    let result = if me.cancelled.load(Ordering::Acquire) {
-        // Cancelled before it ever ran: drop the closure (its captures' destructors run here).
-        let _ = catch_unwind(AssertUnwindSafe(move || drop(f)));
-        Err(Box::new(CANCELLED) as Box<dyn std::any::Any + Send>)
-    } else {
-        match catch_unwind(AssertUnwindSafe(f)) {
-            // The runtime's drop unwound it (corosensei's private unwind payload).
-            Err(_) if me.cancelled.load(Ordering::Acquire) => Err(Box::new(CANCELLED) as _),
-            r => r,
-        }
-    };
-    if catch_unwind(AssertUnwindSafe(|| me.locals.clear())).is_err() {
-        eprintln!(
-            "virtual-threads: a fiber_local! destructor panicked; aborting (as std does for thread_local!)"
-        );
-        std::process::abort();
-    }
-    // SAFETY: the stage is empty (the closure was moved out at the first run) and only this
-    // fiber writes it until it publishes DONE.
-    unsafe { me.put_stage(result, STAGE_RESULT) };
-    join::complete(me);
 }
 
 /// Spawns a new fiber on the current runtime (the caller's, or the process-wide default one

@@ -135,20 +135,21 @@ fn measure_switch(paint: u8) -> Option<usize> {
     // SAFETY: the usable part of a stack we own, mapped read-write, and unused.
     unsafe { std::ptr::write_bytes(low as *mut u8, paint, top - low) };
     let rec = std::ptr::NonNull::from(Box::leak(Box::new(FiberRecord::blank(class))));
-    let body = move |y: &corosensei::Yielder<(), super::Suspend>, ()| {
+    let body = move |y: &super::FiberYielder, _: *const FiberRecord| {
         // SAFETY: `rec` is freed only after this coroutine has finished (below).
         let rec = unsafe { rec.as_ref() };
         rec.set_yielder(y);
         rec.suspend(super::Suspend::Park);
     };
     let mut co: super::Co = corosensei::Coroutine::with_stack(stack, body);
-    let parked = matches!(co.resume(()), corosensei::CoroutineResult::Yield(super::Suspend::Park));
+    let parked =
+        matches!(co.resume(std::ptr::null()), corosensei::CoroutineResult::Yield(super::Suspend::Park));
     // SAFETY: the record is ours alone: the coroutine that uses it is suspended on this thread.
     let sp = unsafe { rec.as_ref() }.parked_sp.load(Ordering::Relaxed);
     // SAFETY: as above for the stack; the coroutine is suspended, so nothing writes it.
     let painted = unsafe { std::slice::from_raw_parts(low as *const u8, top - low) };
     let deepest = painted.iter().position(|&b| b != paint).map(|i| low + i);
-    if co.resume(()).as_return().is_none() {
+    if co.resume(std::ptr::null()).as_return().is_none() {
         // Cannot happen (the body returns after one park); if it did, its stack and the record
         // might still be in use: leak both rather than reuse them.
         std::mem::forget(co);
@@ -362,7 +363,7 @@ impl Compactor {
         let saved = SavedStack { at, bytes: live.into() };
         bump(&rt.compaction.saved_bytes, saved.bytes.len() as u64);
         // A parked fiber's stage is empty: its closure was taken at its first run, and its result
-        // is put there only after its last park (`fiber_main` publishes it and returns without
+        // is put there only after its last park (`fiber_loop` publishes it and suspends without
         // parking; a result dropped by the fiber is taken out before its destructor, which may
         // park). SAFETY: so, and the claim gives us the record as a carrier has it.
         unsafe { fiber.put_stage(saved, STAGE_SAVED) };

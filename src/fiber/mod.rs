@@ -50,9 +50,17 @@ pub(crate) enum Suspend {
     Yield,
     /// Mark me parked unless an unpark already came.
     Park,
+    /// My fiber is finished (its result published): the coroutine is free to run the next
+    /// fiber's closure, resumed with that fiber's record (see `builder::fiber_loop`).
+    Finished,
 }
 
-pub(crate) type Co = Coroutine<(), Suspend, (), FiberStack>;
+/// A fiber's coroutine. It is resumed with the record of the fiber it runs (ignored but by a
+/// coroutine that finished one fiber and waits for the next; null ends it), and outlives its
+/// fibers: a finished one goes back to its carrier's cache with its stack, so the next fiber
+/// skips building a coroutine and entering it through corosensei's trampoline.
+pub(crate) type Co = Coroutine<*const FiberRecord, Suspend, (), FiberStack>;
+pub(crate) type FiberYielder = Yielder<*const FiberRecord, Suspend>;
 
 use state::StateWord;
 pub(crate) use state::{Claim, DONE, PARKED, RUNNABLE, RUNNING};
@@ -70,8 +78,9 @@ pub(crate) struct StageBuf(pub(crate) [MaybeUninit<u8>; STAGE_BYTES]);
 
 /// How to handle a stage whose types only the spawner knew.
 pub(crate) struct StageVTable {
-    /// Moves the closure out of the stage and builds the coroutine on `stack`, in the record.
-    pub(crate) make: unsafe fn(&FiberRecord, FiberStack),
+    /// Moves the closure out of the stage, runs it (on the fiber's coroutine) and puts its
+    /// result in the stage.
+    pub(crate) run: unsafe fn(&FiberRecord),
     /// Drops the closure without running it and completes the join with `error`.
     pub(crate) fail: unsafe fn(&FiberRecord, std::io::Error),
     /// Drops a result nobody will take. Returns true if it was a panic.
@@ -127,7 +136,7 @@ pub(crate) struct FiberRecord {
     pub(crate) blocking_at: Cell<Option<&'static Location<'static>>>,
     /// Set by the fiber itself when it first runs; it lives on the fiber's own stack, whose
     /// address does not change when the fiber migrates.
-    yielder: Cell<*const Yielder<(), Suspend>>,
+    yielder: Cell<*const FiberYielder>,
     /// When the fiber entered its present state (ns since the runtime's epoch, at the runtime's
     /// coarse clock), for dumps; written only with fiber roots on.
     pub(crate) since: AtomicU64,
@@ -241,7 +250,7 @@ pub(crate) struct Init {
 }
 
 static NO_VTABLE: StageVTable = StageVTable {
-    make: |_, _| unreachable!("an unused record has no closure"),
+    run: |_| unreachable!("an unused record has no closure"),
     fail: |_, _| {},
     drop_result: |_| false,
 };
@@ -361,18 +370,22 @@ impl FiberRecord {
         self.class.get()
     }
 
-    /// Builds the coroutine on `stack` at the fiber's first run; or, when `stack` is an error,
+    /// Gives the fiber its coroutine at its first run; or, when `co` is an error (no stack),
     /// drops the closure and completes the fiber's join with that error. Returns false then.
     ///
     /// # Safety
     /// As for [`co_mut`](Self::co_mut).
-    pub(crate) unsafe fn bind(&self, stack: std::io::Result<FiberStack>) -> bool {
+    #[inline(always)]
+    pub(crate) unsafe fn bind(&self, co: std::io::Result<Co>) -> bool {
         debug_assert_eq!(self.stage_kind.get(), STAGE_CLOSURE);
-        match stack {
-            Ok(stack) => {
-                // SAFETY: the stage holds this vtable's closure, consumed once, here; exclusive
-                // access to `co` (the caller's precondition).
-                unsafe { (self.vtable.get().make)(self, stack) };
+        match co {
+            Ok(co) => {
+                // SAFETY: exclusive access to `co` (the caller's precondition); it is `None`
+                // before the first run, so writing over it drops nothing.
+                unsafe {
+                    debug_assert!((*self.co.get()).is_none());
+                    self.co.get().write(Some(co));
+                }
                 true
             }
             Err(e) => {
@@ -392,7 +405,7 @@ impl FiberRecord {
         unsafe { &mut *self.co.get() }
     }
 
-    pub(crate) fn set_yielder(&self, y: &Yielder<(), Suspend>) {
+    pub(crate) fn set_yielder(&self, y: &FiberYielder) {
         self.yielder.set(y);
     }
 
@@ -407,8 +420,9 @@ impl FiberRecord {
         debug_assert!(!y.is_null(), "suspend before the fiber started");
         // SAFETY: the yielder lives on this fiber's own stack for the fiber's whole life and
         // was stored by the fiber when it started; we are that fiber (precondition), so the
-        // yielder is live and belongs to the coroutine now running.
-        unsafe { (*y).suspend(why) }
+        // yielder is live and belongs to the coroutine now running. What the resume passes in
+        // is this fiber's own record (only `builder::fiber_loop` resumes for another).
+        let _ = unsafe { (*y).suspend(why) };
     }
 
     pub(crate) fn state(&self) -> u32 {

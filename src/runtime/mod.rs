@@ -329,7 +329,7 @@ fn cancel(f: FiberRef) {
         // Never ran: bind a stack so its body can drop the closure (destructors run in fiber
         // context) and complete its packet; without a stack, `bind` completes it with the error.
         // SAFETY: exclusive access, as above.
-        unsafe { f.bind(f.class().take()) };
+        unsafe { f.bind(f.class().take().map(crate::fiber::builder::new_coroutine)) };
     } else if let Some(co) = slot.as_mut() {
         // Resumes the fiber with corosensei's unwind payload; the fiber's body catches it
         // (after every destructor on the way ran), completes its packet and returns.
@@ -339,7 +339,7 @@ fn cancel(f: FiberRef) {
     }
     if let Some(co) = slot.as_mut().filter(|co| !co.done()) {
         // Bound but not started: its body sees `cancelled` and only drops the closure.
-        if catch_unwind(AssertUnwindSafe(|| co.resume(()))).is_err() {
+        if catch_unwind(AssertUnwindSafe(|| co.resume(FiberRef::as_ptr(&f)))).is_err() {
             eprintln!("virtual-threads: a fiber panicked while being cancelled by its runtime's drop");
         }
     }

@@ -22,9 +22,10 @@ use corosensei::CoroutineResult;
 use super::injector::Batch;
 use super::run_queue::{self, Local};
 use super::{CarrierSlot, RECORD_CACHE, RuntimeRef, STOCK_BATCH, Shared, Wake, bump};
+use crate::fiber::builder::new_coroutine;
 use crate::fiber::park::{self as fpark, FiberId};
 use crate::fiber::stack::{FiberStack, SizeClass};
-use crate::fiber::{Claim, FiberRecord, FiberRef, NO_HOME, Suspend};
+use crate::fiber::{Claim, Co, FiberRecord, FiberRef, NO_HOME, Suspend};
 use crate::runtime::context;
 
 /// Aborts the process if dropped: armed around fiber resumes, where a panic is a runtime bug
@@ -47,6 +48,10 @@ const MAX_LIFO_STREAK: u32 = 3;
 const GLOBAL_CHECK_INTERVAL: u32 = 61;
 /// Stacks a carrier keeps for itself before handing half back to the shared pool.
 const STACK_CACHE: usize = 64;
+/// Finished fibers' coroutines a carrier keeps, stack and all, for the next fibers' first runs
+/// (`take_coroutine`). Short fibers run back to back need one or two; beyond this, a finished
+/// one's stack goes to the stack cache, which is free (`retire_coroutine`).
+const COROUTINE_CACHE: usize = 16;
 /// Rounds of re-searching before a carrier without work parks its thread.
 const SPIN_ROUNDS: u32 = 8;
 /// Rounds in which a searcher leaves a busy carrier's only queued fiber alone (see
@@ -70,6 +75,8 @@ pub(crate) struct Carrier {
     tick: Cell<u32>,
     rng: Cell<u64>,
     stacks: UnsafeCell<Vec<FiberStack>>,
+    /// Coroutines of the runtime's default stack class, each suspended between two fibers.
+    coroutines: UnsafeCell<Vec<Co>>,
     /// The stack cache's last operation was a take (see `take_stack`).
     taking: Cell<bool>,
     records: UnsafeCell<Vec<NonNull<FiberRecord>>>,
@@ -97,6 +104,7 @@ impl Carrier {
             tick: Cell::new(0),
             rng: Cell::new(0x2545_F491_4F6C_DD1D ^ ((index as u64 + 1) << 17)),
             stacks: UnsafeCell::new(Vec::with_capacity(STACK_CACHE)),
+            coroutines: UnsafeCell::new(Vec::with_capacity(COROUTINE_CACHE)),
             taking: Cell::new(false),
             records: UnsafeCell::new(Vec::with_capacity(RECORD_CACHE)),
             spill: UnsafeCell::new(Batch::with_capacity(LOCAL_CAP / 2 + 1)),
@@ -294,6 +302,34 @@ impl Carrier {
         let cache = unsafe { &mut *self.stacks.get() };
         self.rt.stacks.give_batch(cache.drain(..STACK_CACHE / 2));
         cache.push(s);
+    }
+
+    /// A coroutine for a fiber of `class` at its first run: a finished fiber's, suspended
+    /// between fibers, else a new one on a stack from the cache.
+    #[inline(always)]
+    fn take_coroutine(&self, class: &'static SizeClass) -> io::Result<Co> {
+        // SAFETY: as in `take_stack`.
+        let cache = unsafe { &mut *self.coroutines.get() };
+        if std::ptr::eq(class, self.rt.stacks) {
+            if let Some(co) = cache.pop() {
+                bump(&self.slot().stats.stack_hits, 1);
+                return Ok(co);
+            }
+        }
+        self.take_stack(class).map(new_coroutine)
+    }
+
+    /// A finished fiber's coroutine: kept for the next fiber if it can run one (the runtime's
+    /// stack class, room in the cache), else its stack goes back.
+    #[inline(always)]
+    fn give_coroutine(&self, co: Co, class: &'static SizeClass) {
+        // SAFETY: as in `take_stack`.
+        let cache = unsafe { &mut *self.coroutines.get() };
+        if !co.done() && std::ptr::eq(class, self.rt.stacks) && cache.len() < COROUTINE_CACHE {
+            cache.push(co);
+        } else {
+            self.give_stack(retire_coroutine(co));
+        }
     }
 
     /// Makes a fiber of this runtime runnable from this carrier.
@@ -594,14 +630,18 @@ impl Carrier {
     /// Starts the loads that this switch and the next two will wait on, so that they overlap
     /// the bookkeeping and the fibers' runs instead of forming a chain of misses (queue entry →
     /// record → saved stack pointer → the stack line a resume pops registers from): this
-    /// fiber's stack line, the next queued fiber's stack line (its record was prefetched one
-    /// switch ago), and the record of the one after it.
+    /// fiber's stack lines, the next queued fiber's (its record was prefetched one switch ago),
+    /// and the record of the one after it. Two stack lines each: the resume pops the saved
+    /// registers around `parked_sp`, then returns through the frames just above it, and where
+    /// the fiber's frames happen to straddle a line the second was a miss on every switch
+    /// (W5 +10% in a build whose fiber frames sat 48 bytes deeper: `arch/performance.md`).
     #[inline]
     fn prefetch_ahead(&self, f: &FiberRecord) {
         use crate::platform::prefetch;
         let sp = f.parked_sp.load(Ordering::Relaxed);
         if sp != 0 {
             prefetch(sp);
+            prefetch(sp + 64);
         }
         let (next, after) = self.worker.peek_words();
         if next != 0 {
@@ -611,6 +651,7 @@ impl Carrier {
             let sp = unsafe { &*(next as *const FiberRecord) }.parked_sp.load(Ordering::Relaxed);
             if sp != 0 {
                 prefetch(sp);
+                prefetch(sp + 64);
             }
         }
         if after != 0 {
@@ -640,7 +681,7 @@ impl Carrier {
                 f.home.store(self.index, Ordering::Relaxed);
             }
             // SAFETY: we popped `f`: exclusive access.
-            if !unsafe { f.bind(self.take_stack(f.class())) } {
+            if !unsafe { f.bind(self.take_coroutine(f.class())) } {
                 // No stack: its join handle got the error; it is finished.
                 bump(&slot.stats.finished, 1);
                 FiberRecord::finish_now(&f);
@@ -673,22 +714,25 @@ impl Carrier {
             // SAFETY: we popped `f` from a queue (or it was just handed to us), so this carrier
             // is the only one running it: exclusive access to its coroutine.
             let co = unsafe { f.co_mut() }.as_mut().expect("a runnable fiber has its coroutine");
-            match co.resume(()) {
-                CoroutineResult::Yield(Suspend::Yield) => break Some(Suspend::Yield),
-                CoroutineResult::Yield(Suspend::Park) => {
-                    bump(&slot.stats.parks, 1);
-                    if f.try_set_parked() {
-                        break Some(Suspend::Park);
-                    }
-                    // An unpark came while it was switching out: run it again at once.
-                }
-                CoroutineResult::Return(()) => break None,
+            // The record: a coroutine between fibers takes it as its next fiber's.
+            let why = match co.resume(FiberRef::as_ptr(&f)) {
+                CoroutineResult::Yield(why) => why,
+                // Only a cancelled fiber's coroutine returns; taken as finished.
+                CoroutineResult::Return(()) => Suspend::Finished,
+            };
+            if why != Suspend::Park {
+                break why;
             }
+            bump(&slot.stats.parks, 1);
+            if f.try_set_parked() {
+                break Suspend::Park;
+            }
+            // An unpark came while it was switching out: run it again at once.
         };
         std::mem::forget(abort);
         self.switched_out();
         match after {
-            Some(Suspend::Yield) => {
+            Suspend::Yield => {
                 if let Some(now) = self.rt.clock.stamp() {
                     f.since.store(now, Ordering::Relaxed);
                 }
@@ -704,13 +748,13 @@ impl Carrier {
                     self.schedule_local(f, Wake::Yield);
                 }
             }
-            Some(Suspend::Park) => {
+            Suspend::Park => {
                 self.current.set(std::ptr::null());
                 // The run reference stays with the parked fiber: whoever unparks it takes it
                 // over (`FiberRef::take_parked_ref`).
                 std::mem::forget(f);
             }
-            None => {
+            Suspend::Finished => {
                 self.finish(&f);
                 self.current.set(std::ptr::null());
                 FiberRef::release_finished(f);
@@ -793,7 +837,7 @@ impl Carrier {
     fn finish(&self, f: &FiberRef) {
         // SAFETY: the fiber just returned on this carrier: nobody else can touch it.
         let co = unsafe { take_finished(f.co_mut()) }.expect("a finished fiber had its coroutine");
-        self.give_stack(co.into_stack());
+        self.give_coroutine(co, f.class());
         bump(&self.slot().stats.finished, 1);
         f.set_done();
     }
@@ -917,11 +961,26 @@ impl Carrier {
         self.flush_to_injector();
         // SAFETY: as in `take_stack`; no fiber runs any more.
         let cache = unsafe { &mut *self.stacks.get() };
+        // SAFETY: as in `take_stack`.
+        let coroutines = unsafe { &mut *self.coroutines.get() };
+        cache.extend(coroutines.drain(..).map(retire_coroutine));
         self.rt.stacks.give_batch(cache.drain(..));
         // SAFETY: as in `alloc_record`.
         let records = unsafe { &mut *self.records.get() };
         self.rt.give_records(records.drain(..));
     }
+}
+
+/// The stack of a coroutine that has finished its last fiber (suspended with `Finished`, or
+/// returned), without resuming it to return: its stack holds only `fiber_loop`'s frame and
+/// corosensei's entry frames, with nothing to drop, so it can be abandoned where it stands.
+#[inline]
+fn retire_coroutine(mut co: Co) -> FiberStack {
+    // SAFETY: the coroutine is suspended at `fiber_loop`'s `Finished` (or done): the frames on
+    // its stack own nothing with a destructor (a record pointer and references), which is
+    // `force_reset`'s condition.
+    unsafe { co.force_reset() };
+    co.into_stack()
 }
 
 /// `co.take()` for a coroutine that has just returned, read a word at a time. The switch back

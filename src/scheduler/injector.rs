@@ -161,7 +161,7 @@ mod tests {
     use crate::scheduler::{RuntimeRef, Shared};
 
     static NO_STAGE: StageVTable =
-        StageVTable { make: |_, _| unreachable!("never run"), fail: |_, _| {}, drop_result: |_| false };
+        StageVTable { run: |_| unreachable!("never run"), fail: |_, _| {}, drop_result: |_| false };
 
     /// `n` fibers of `rt` that never run, each held only by the returned reference (its
     /// run-queue entry), so the record goes back to `rt`'s pool when that is dropped.
