@@ -418,10 +418,11 @@ impl FiberRecord {
         self.parked_sp.store(compact::stack_pointer(), Ordering::Relaxed);
         let y = self.yielder.get();
         debug_assert!(!y.is_null(), "suspend before the fiber started");
-        // SAFETY: the yielder lives on this fiber's own stack for the fiber's whole life and
-        // was stored by the fiber when it started; we are that fiber (precondition), so the
-        // yielder is live and belongs to the coroutine now running. What the resume passes in
-        // is this fiber's own record (only `builder::fiber_loop` resumes for another).
+        // What the resume passes in is this fiber's own record: only `builder::fiber_loop`,
+        // between fibers, is resumed for another.
+        // SAFETY: the yielder lives on the coroutine's own stack for the coroutine's whole life
+        // (which spans its fibers') and was stored by the fiber when it started; we are that
+        // fiber (precondition), so the yielder is live and belongs to the coroutine now running.
         let _ = unsafe { (*y).suspend(why) };
     }
 
