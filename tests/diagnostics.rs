@@ -6,7 +6,7 @@ use std::os::unix::process::ExitStatusExt;
 use std::panic::Location;
 use std::process::{Command, Stdio};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use virtual_threads as vt;
@@ -317,6 +317,41 @@ fn cpu_starvation_is_warned_once_per_location() {
     assert!(stderr.contains("CPU starvation"), "stderr: {stderr}");
     assert!(stderr.contains("tests/diagnostics.rs"), "names the spawn site: {stderr}");
     assert_eq!(stderr.matches("CPU starvation").count(), 1, "once per location: {stderr}");
+}
+
+/// A fiber that runs for long without a switch starves nobody while other carriers take what
+/// is queued behind it (the fork_join example's root: it spawns and joins for the whole run
+/// while the other carrier runs its children). No warning then, and no spare carrier.
+#[test]
+fn a_long_fiber_whose_queue_another_carrier_drains_is_not_reported() {
+    if std::env::var(CHILD).as_deref() == Ok("drained") {
+        let rt = vt::Runtime::builder().carriers(2).deadlock_report(None).build().unwrap();
+        let done = Arc::new(AtomicUsize::new(0));
+        let d = done.clone();
+        let spawned = rt.block_on(move || {
+            let start = Instant::now();
+            let mut spawned = 0;
+            // 400 ms without a switch (four times the stall that warns): keep up to 64 children
+            // queued, which only the other carrier can run.
+            while start.elapsed() < Duration::from_millis(400) {
+                if spawned - d.load(Ordering::Acquire) < 64 {
+                    let d = d.clone();
+                    drop(vt::spawn(move || d.fetch_add(1, Ordering::Release)));
+                    spawned += 1;
+                } else {
+                    std::hint::spin_loop();
+                }
+            }
+            spawned
+        });
+        assert!(done.load(Ordering::Acquire) > 64, "the other carrier ran the children");
+        assert!(spawned > 64);
+        return;
+    }
+    let (code, _, stderr) =
+        run_child("a_long_fiber_whose_queue_another_carrier_drains_is_not_reported", "drained");
+    assert_eq!(code, Some(0), "stderr: {stderr}");
+    assert!(!stderr.contains("CPU starvation"), "stderr: {stderr}");
 }
 
 #[test]

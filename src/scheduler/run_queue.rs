@@ -211,6 +211,12 @@ impl<T: Entry> Local<T> {
 }
 
 impl<T: Entry> Remote<T> {
+    /// How many entries have ever left the queue from its head (taken by the owner or stolen):
+    /// the supervisor compares two readings to tell whether anyone takes from it.
+    pub(crate) fn taken(&self) -> usize {
+        self.ring.head.load(Ordering::Relaxed)
+    }
+
     /// How many entries the queue holds (a snapshot; it may have changed when this returns).
     pub(crate) fn len(&self) -> usize {
         let r = &*self.ring;

@@ -5,7 +5,8 @@
 //! switch) and the location of the fiber it runs. A carrier that runs the same fiber from one
 //! sample to the next is *stalled*; if its thread sleeps in the kernel (state `S`/`D` in
 //! `/proc/self/task/<tid>/stat`), or it has been stalled for ten samples (a CPU loop that never
-//! yields), it is *blocked*: the supervisor counts it, flags it so that the carrier records the
+//! yields) while fibers wait behind it that nobody else takes, it is *blocked*: the supervisor
+//! counts it, flags it so that the carrier records the
 //! location in its own map when it comes back, and starts (or wakes) a compensating carrier.
 //! Locations caught often enough become *known blocking*, and fibers from them compensate at
 //! once, with no detection delay. With every carrier asleep, the supervisor sleeps too (until
@@ -28,6 +29,11 @@ const STALL_SAMPLES: u32 = 1;
 /// Samples without progress before a carrier running on the CPU counts as blocked (a fiber that
 /// computes for ~100 ms without a switch starves the fibers queued behind it).
 const CPU_STALL_SAMPLES: u32 = 10;
+/// Samples in which nobody took from a stalled carrier's non-empty deque before its fibers count
+/// as waiting. While other carriers steal from it, a long fiber starves nobody: the fork_join
+/// example's root fiber spawns and joins for seconds without a switch while the other carrier
+/// runs its children, and was warned about and compensated for (a spare on a full machine).
+const WAIT_SAMPLES: u32 = 5;
 /// How often the stack pools give back the pages of stacks that sat unused since the last
 /// time (`SizeClass::scavenge`); idle, the supervisor wakes for it only while a pool holds
 /// more than it keeps.
@@ -57,6 +63,10 @@ struct Watch {
     cpu_at_stall: Option<u64>,
     /// The carrier's CPU and that CPU's steal time (clock ticks) at the first stalled sample.
     steal_at_stall: Option<(usize, u64)>,
+    /// The carrier's deque's `taken` count at the last sample, and for how many samples in a
+    /// row it held fibers and nobody took one.
+    taken: usize,
+    untaken: u32,
 }
 
 /// The supervisor thread's body.
@@ -110,9 +120,13 @@ fn sample(rt: &Shared, i: usize, w: &mut Watch, starving: &mut HashSet<usize>) -
         }
         w.progress = progress;
         w.stalled = 0;
+        w.untaken = 0;
         return !loc.is_null();
     }
     w.stalled += 1;
+    let taken = slot.stealer.taken();
+    w.untaken = if taken == w.taken && !slot.stealer.is_empty() { w.untaken + 1 } else { 0 };
+    w.taken = taken;
     if !w.blocked && w.stalled >= STALL_SAMPLES {
         let stat = thread_stat(slot.tid.load(Ordering::Relaxed));
         let in_kernel = stat.is_some_and(|s| matches!(s.state, b'S' | b'D'));
@@ -120,7 +134,13 @@ fn sample(rt: &Shared, i: usize, w: &mut Watch, starving: &mut HashSet<usize>) -
             w.cpu_at_stall = stat.map(|s| s.cpu_ticks);
             w.steal_at_stall = stat.and_then(|s| s.processor).and_then(|c| steal_ticks(c).map(|t| (c, t)));
         }
-        if !in_kernel && w.stalled >= CPU_STALL_SAMPLES && rt.idle.sleeping_count() == 0 {
+        // Fibers wait behind a fiber that hogs its carrier only if nobody else can take them:
+        // the LIFO slot and the inbox (pinned fibers) are its alone, the deque is stealable.
+        let waiting = w.untaken >= WAIT_SAMPLES
+            || !slot.lifo.load(Ordering::Relaxed).is_null()
+            || slot.inbox_len.load(Ordering::Relaxed) > 0;
+        let hogging = !in_kernel && w.stalled >= CPU_STALL_SAMPLES && waiting;
+        if hogging && rt.idle.sleeping_count() == 0 {
             // Every carrier busy and this one held by one fiber for ~100 ms: the queued
             // fibers starve unless the spare we are about to start takes them. Unless the
             // host took the carrier's CPU for most of that time (a VM's vCPU descheduled:
@@ -137,7 +157,7 @@ fn sample(rt: &Shared, i: usize, w: &mut Watch, starving: &mut HashSet<usize>) -
                 );
             }
         }
-        if in_kernel || w.stalled >= CPU_STALL_SAMPLES {
+        if in_kernel || hogging {
             w.blocked = true;
             rt.blocked.fetch_add(1, Ordering::AcqRel);
             rt.detections.fetch_add(1, Ordering::Relaxed);
