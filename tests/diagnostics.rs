@@ -321,7 +321,8 @@ fn cpu_starvation_is_warned_once_per_location() {
 
 /// A fiber that runs for long without a switch starves nobody while other carriers take what
 /// is queued behind it (the fork_join example's root: it spawns and joins for the whole run
-/// while the other carrier runs its children). No warning then, and no spare carrier.
+/// while the other carrier runs its children). No warning then, and no spare carrier: the
+/// warning and the compensation follow the same rule.
 #[test]
 fn a_long_fiber_whose_queue_another_carrier_drains_is_not_reported() {
     if std::env::var(CHILD).as_deref() == Ok("drained") {
@@ -346,6 +347,7 @@ fn a_long_fiber_whose_queue_another_carrier_drains_is_not_reported() {
         });
         assert!(done.load(Ordering::Acquire) > 64, "the other carrier ran the children");
         assert!(spawned > 64);
+        assert_eq!(rt.metrics().compensations, 0, "no spare carrier for a queue that drains");
         return;
     }
     let (code, _, stderr) =

@@ -6,8 +6,8 @@
 //! sample to the next is *stalled*; if its thread sleeps in the kernel (state `S`/`D` in
 //! `/proc/self/task/<tid>/stat`), or it has been stalled for ten samples (a CPU loop that never
 //! yields) while fibers wait behind it that nobody else takes, it is *blocked*: the supervisor
-//! counts it, flags it so that the carrier records the
-//! location in its own map when it comes back, and starts (or wakes) a compensating carrier.
+//! counts it, flags it so that the carrier records the location in its own map when it comes
+//! back, and starts (or wakes) a compensating carrier.
 //! Locations caught often enough become *known blocking*, and fibers from them compensate at
 //! once, with no detection delay. With every carrier asleep, the supervisor sleeps too (until
 //! a carrier wakes it, or until the compactor has fibers to compact: `fiber/compact.rs`).
