@@ -19,14 +19,17 @@
 //! Every blocking call of this crate parks the *fiber*, never the carrier; called from a plain
 //! OS thread it blocks that thread, so the same code works in both.
 //!
-//! # Soundness: fibers migrate between carriers
-//! A fiber may resume on a different OS thread after any switch point (`park`, `yield_now`,
-//! `sleep`, `join`, a lock or channel wait). So **do not hold a `!Send` value (an `Rc`, a
-//! `std::sync::MutexGuard`, a `RefCell` borrow of a thread-local) or a reference obtained from a
-//! `thread_local!` across a switch point**. Use [`fiber_local!`] instead of `thread_local!`,
-//! [`sync::Mutex`] instead of `std::sync::Mutex` across waits, [`pinned`] for a section that
-//! must stay on one carrier, or `runtime::Builder::pin_started_fibers(true)` for the whole
-//! runtime. See the README's "Soundness" section and `arch/decisions/0001-migration-and-thread-locals.md`.
+//! # Soundness: a started fiber stays on its home carrier
+//! A fiber that has started runs only on the OS thread where it first ran (its *home* carrier);
+//! only fibers that have not started yet move between carriers (work stealing). So a
+//! `thread_local!`, an `Rc`, a `std::sync::MutexGuard` or `std::io::stdout().lock()` held across a
+//! switch point (`park`, `yield_now`, `sleep`, `join`, a lock or channel wait) behaves as it would
+//! in one OS thread shared by several tasks: never a data race. Loom-style migration of started
+//! fibers, which balances long-lived fibers better, is the `unsafe` opt-in
+//! [`runtime::Builder::migrate_started_fibers`], whose `# Safety` section states the contract.
+//! A fiber blocked in the OS (a `std` call that blocks) holds up the fibers at home on its
+//! carrier: wrap such calls in [`blocking`]. See the README's "Soundness" section and
+//! `arch/decisions/0003-home-carriers.md`.
 //!
 //! The design is documented in `arch/` (start with `arch/overview.md`).
 

@@ -41,14 +41,14 @@ const MAX_DEPTH: u32 = 3;
 // makes the rounds avoid the one pattern that trips its bug, so that if one comes back, the
 // rest of the run can still guard everything else while it is being fixed.
 
-/// Bug 1: `yield_now` in a pinned fiber (`pin_started_fibers`, `vt::pinned`) requeues it
+/// Bug 1: `yield_now` in a pinned fiber (at home, or in `vt::pinned`) requeues it
 /// ahead of its carrier's local queue: a fiber that yields while waiting for one queued there
 /// spins for ever.
 const BUG_PINNED_YIELD_STARVES: bool = false;
 /// Bug 2: timers armed on a spare carrier that then retires fire only when some carrier goes
 /// idle: a fiber that yields while waiting for such a sleeper keeps its carrier busy for ever.
 const BUG_RETIRED_TIMERS_WAIT_FOR_IDLE: bool = false;
-/// Bug 3: with `pin_started_fibers`, a fiber that started on a spare carrier stays pinned to
+/// Bug 3: a fiber that started on a spare carrier stays at home there
 /// it after the spare retires, and nobody runs it again.
 const BUG_PINNED_TO_RETIRED_SPARE: bool = false;
 /// Bug 4: two threads compensating at once (`vt::blocking` on two carriers) can both pick the
@@ -848,21 +848,16 @@ fn start(ctx: &Ctx, rng: &mut Rng, on_thread: bool, f: impl FnOnce(&Ctx) + Send 
 /// A runtime of random shape, and the shape in words for the failure messages.
 fn runtime(rng: &mut Rng) -> (vt::Runtime, String) {
     let carriers = rng.range(1, 3) as usize;
-    let (spares, pin_carriers, pin_fibers) = (rng.below(3) as usize, rng.one_in(2), rng.one_in(8));
+    let (spares, pin_carriers, migrate) = (rng.below(3) as usize, rng.one_in(2), rng.one_in(4));
     // Spare carriers (compensation) trip two known bugs (pinned sections run in every round);
     // see the flags at the top.
     let spares_ok = !BUG_COMPENSATION_RACE && !BUG_PINNED_TO_RETIRED_SPARE;
     let max = carriers + if spares_ok { spares } else { 0 };
-    let rt = vt::Runtime::builder()
-        .carriers(carriers)
-        .max_carriers(max)
-        .pin_carriers(pin_carriers)
-        .pin_started_fibers(pin_fibers)
-        .build()
-        .unwrap();
-    let shape = format!(
-        "carriers {carriers} (max {max}), pin_carriers {pin_carriers}, pin_started_fibers {pin_fibers}"
-    );
+    let b = vt::Runtime::builder().carriers(carriers).max_carriers(max).pin_carriers(pin_carriers);
+    // SAFETY: the rounds' fibers hold no `!Send` value and no thread-local reference across a
+    // switch point (their pinned sections use `vt::pinned`).
+    let rt = unsafe { b.migrate_started_fibers(migrate) }.build().unwrap();
+    let shape = format!("carriers {carriers} (max {max}), pin_carriers {pin_carriers}, migrate {migrate}");
     (rt, shape)
 }
 
@@ -1169,8 +1164,10 @@ const REPRO_LIMIT: Duration = Duration::from_secs(5);
 
 #[test]
 fn yield_in_a_pinned_fiber_lets_the_local_queue_run() {
-    for (pin_started_fibers, from_outside) in [(true, false), (false, false), (true, true)] {
-        let rt = vt::Runtime::builder().carriers(1).pin_started_fibers(pin_started_fibers).build().unwrap();
+    for (at_home, from_outside) in [(true, false), (false, false), (true, true)] {
+        // SAFETY: the fiber below holds nothing `!Send` across its yields.
+        let rt =
+            unsafe { vt::Runtime::builder().carriers(1).migrate_started_fibers(!at_home) }.build().unwrap();
         let handle = rt.handle();
         let wait_for_child = || {
             // Queued on this carrier's deque, or in the injector when spawned from a thread.
@@ -1189,11 +1186,10 @@ fn yield_in_a_pinned_fiber_lets_the_local_queue_run() {
             }
             true
         };
-        let ran =
-            rt.block_on(|| if pin_started_fibers { wait_for_child() } else { vt::pinned(wait_for_child) });
+        let ran = rt.block_on(|| if at_home { wait_for_child() } else { vt::pinned(wait_for_child) });
         assert!(
             ran,
-            "pin_started_fibers {pin_started_fibers}, spawned from a thread {from_outside}: the queued \
+            "at home {at_home}, spawned from a thread {from_outside}: the queued \
              fiber never ran while a pinned one yielded"
         );
     }
@@ -1221,7 +1217,7 @@ fn a_timer_armed_on_a_retired_spare_fires_while_the_others_are_busy() {
 
 #[test]
 fn a_fiber_pinned_to_a_retired_spare_still_runs() {
-    let rt = vt::Runtime::builder().carriers(1).max_carriers(2).pin_started_fibers(true).build().unwrap();
+    let rt = vt::Runtime::builder().carriers(1).max_carriers(2).build().unwrap();
     let answer = rt.block_on(|| {
         let (go_tx, go_rx) = channel::bounded::<()>(1);
         let (done_tx, done_rx) = channel::bounded::<()>(1);

@@ -131,8 +131,10 @@ fn a_hundred_blockers_never_exceed_max_carriers_and_all_complete() {
 }
 
 #[test]
-fn pin_started_fibers_mode_still_compensates_for_unstarted_fibers() {
-    let rt = vt::Runtime::builder().carriers(1).pin_started_fibers(true).build().unwrap();
+fn home_carriers_still_compensate_for_unstarted_fibers() {
+    // The default: started fibers stay on their home carrier, so only unstarted ones can move to
+    // a compensating carrier.
+    let rt = vt::Runtime::builder().carriers(1).build().unwrap();
     let entered = Arc::new(AtomicUsize::new(0));
     let e = entered.clone();
     let blocker = rt.spawn(move || {

@@ -127,7 +127,8 @@ pub(crate) struct FiberRecord {
     /// What the fiber parked on last (`WaitReason` code, `WAIT_TIMED` flag), for dumps. Written
     /// by the fiber before it parks; atomics because a dump reads them while the fiber runs.
     pub(crate) wait: AtomicU8,
-    /// Carrier this fiber must run on (`pinned`, `pin_started_fibers`), or `NO_HOME`. Written by
+    /// Carrier this fiber must run on (its home once started, or `pinned` where migration is on),
+    /// or `NO_HOME`. Written by
     /// the fiber while running; read by whoever schedules it, after the state word's
     /// Release/Acquire hand-off.
     pub(crate) home: AtomicUsize,
@@ -205,10 +206,11 @@ const LAYOUT: () = {
 };
 const _: () = LAYOUT;
 
-// Why: the `Coroutine` is `!Send` because the data on its stack may be `!Send`; the runtime
-// moves started fibers between carriers and states that contract in the README's "Soundness"
-// section (no `!Send` value or thread-local borrow is held across a switch point; `pinned` and
-// `pin_started_fibers` give the strict alternative). The `Cell`/`UnsafeCell` fields are touched
+// Why: the `Coroutine` is `!Send` because the data on its stack may be `!Send`. By default a
+// started fiber runs only on its home carrier's OS thread, so nothing on its stack ever crosses
+// threads; only records move (a record is `Send`: the rest of this comment). With the `unsafe`
+// opt-in `migrate_started_fibers`, whoever built the runtime promised that no `!Send` value or
+// thread-local borrow is held across a switch point. The `Cell`/`UnsafeCell` fields are touched
 // only by [1] the thread currently running the fiber (exclusive by the state machine: a fiber is
 // RUNNING on one carrier at a time, and every hand-off goes through the state word or a queue,
 // both of which synchronise), [2] `init`, while the record is in no one's hands (refs == 0),

@@ -24,7 +24,7 @@ pub struct Builder {
     carriers: Option<usize>,
     max_carriers: Option<usize>,
     pin_carriers: bool,
-    pin_started_fibers: bool,
+    migrate_started_fibers: bool,
     stack_size: usize,
     fiber_roots: bool,
     supervisor_interval: Duration,
@@ -51,7 +51,7 @@ impl Builder {
             carriers: None,
             max_carriers: None,
             pin_carriers: true,
-            pin_started_fibers: false,
+            migrate_started_fibers: false,
             stack_size: DEFAULT_STACK_SIZE,
             fiber_roots: true,
             supervisor_interval: DEFAULT_SUPERVISOR_INTERVAL,
@@ -84,11 +84,28 @@ impl Builder {
         self
     }
 
-    /// Keep every fiber on the carrier where it first ran (default `false`: started fibers
-    /// migrate, as Loom's do). The strict mode for code that keeps `!Send` values or
-    /// thread-local references across switch points; see the README's "Soundness" section.
-    pub fn pin_started_fibers(mut self, pin: bool) -> Builder {
-        self.pin_started_fibers = pin;
+    /// Let fibers that have started move between carriers at switch points, as Loom's virtual
+    /// threads do (default `false`: a started fiber runs only on its *home* carrier, the OS
+    /// thread where it first ran; fibers that have not started are still stolen freely).
+    ///
+    /// Migration lets an idle carrier take a started fiber from a busy one, which balances
+    /// long-lived fibers (yield loops, ping-pong) across carriers; the home mode balances them
+    /// only when they start. `vt::pinned(|| ...)` keeps a fiber on its carrier for a section in
+    /// this mode.
+    ///
+    /// # Safety
+    /// With migration on, the OS thread under a fiber may change at any switch point (`park`,
+    /// `yield_now`, `sleep`, `join`, `block_on`, a wait on a `vt::sync` lock, a channel or a
+    /// socket). Every fiber of this runtime must then hold **no `!Send` value** (an `Rc`, a
+    /// `std::sync::MutexGuard`, a `RefCell` borrow of a thread-local, `stdout().lock()`) and
+    /// **no reference obtained from a `thread_local!`** across a switch point, in its own code
+    /// and in every library it calls; LLVM may keep a thread-local's address in a register
+    /// across the switch, so even a plain `thread_local!` access before and after one can read
+    /// the old thread's slot. Breaking this is undefined behaviour (measured: corrupted heaps
+    /// and wrong reference counts). Sections that cannot keep the contract go inside
+    /// `vt::pinned`. See `arch/decisions/0003-home-carriers.md`.
+    pub unsafe fn migrate_started_fibers(mut self, migrate: bool) -> Builder {
+        self.migrate_started_fibers = migrate;
         self
     }
 
@@ -230,7 +247,7 @@ impl Builder {
             carriers,
             max_carriers,
             pin_carriers: self.pin_carriers,
-            pin_started_fibers: self.pin_started_fibers,
+            migrate_started_fibers: self.migrate_started_fibers,
             stack_size: usable_size(self.stack_size)?,
             fiber_roots: self.fiber_roots,
             supervisor_interval: self.supervisor_interval,

@@ -7,7 +7,8 @@ pub(crate) struct Config {
     pub(crate) carriers: usize,
     pub(crate) max_carriers: usize,
     pub(crate) pin_carriers: bool,
-    pub(crate) pin_started_fibers: bool,
+    /// Started fibers may move between carriers (the `unsafe` opt-in); else they stay home.
+    pub(crate) migrate_started_fibers: bool,
     /// Usable bytes per stack, rounded to whole pages.
     pub(crate) stack_size: usize,
     pub(crate) fiber_roots: bool,

@@ -677,7 +677,7 @@ impl Carrier {
         let slot = self.slot();
         self.current.set(FiberRef::as_ptr(&f));
         if !f.started.replace(true) {
-            if self.rt.config.pin_started_fibers {
+            if !self.rt.config.migrate_started_fibers {
                 f.home.store(self.index, Ordering::Relaxed);
             }
             // SAFETY: we popped `f`: exclusive access.
