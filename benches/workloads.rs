@@ -83,6 +83,9 @@ const W6_RUNS: usize = 5;
 /// The runtimes, each built once with one worker per core (`may`'s is global).
 struct Peers {
     vt: vt::Runtime,
+    /// vt with started fibers migrating between carriers (the `unsafe` opt-in): the column the
+    /// home-carrier default is measured against (issue 19).
+    vt_migrate: vt::Runtime,
     tokio: tokio::runtime::Runtime,
     rayon: rayon::ThreadPool,
     /// W5's `bare` floor: each thread's coroutine stacks, carved once (see `w5::bare`).
@@ -107,11 +110,11 @@ macro_rules! ops {
 
 #[rustfmt::skip]
 const SUITE: &[Workload] = &[
-    Workload { id: "W1_fork_join", size: "n = 10,000", ops: ops!(w1: vt, tokio, may, rayon, std) },
-    Workload { id: "W2_fork_many", size: "n = 10,000", ops: ops!(w2: vt, tokio, may, rayon, std) },
-    Workload { id: "W3_chained_fork", size: "n = 10,000", ops: ops!(w3: vt, tokio, may, rayon, std) },
-    Workload { id: "W4_ping_pong", size: "r = 10,000", ops: ops!(w4: vt, tokio, may) },
-    Workload { id: "W5_yield_many", size: "t = y = 1,000", ops: ops!(w5: vt, tokio, may, bare) },
+    Workload { id: "W1_fork_join", size: "n = 10,000", ops: ops!(w1: vt, migrate, tokio, may, rayon, std) },
+    Workload { id: "W2_fork_many", size: "n = 10,000", ops: ops!(w2: vt, migrate, tokio, may, rayon, std) },
+    Workload { id: "W3_chained_fork", size: "n = 10,000", ops: ops!(w3: vt, migrate, tokio, may, rayon, std) },
+    Workload { id: "W4_ping_pong", size: "r = 10,000", ops: ops!(w4: vt, migrate, tokio, may) },
+    Workload { id: "W5_yield_many", size: "t = y = 1,000", ops: ops!(w5: vt, migrate, tokio, may, bare) },
 ];
 
 impl Workload {
@@ -154,6 +157,11 @@ impl Peers {
         may::config().set_workers(cores);
         Peers {
             vt: vt::Runtime::builder().carriers(cores).build().expect("vt runtime"),
+            // SAFETY: the workloads' fibers hold no `!Send` value and no thread-local reference
+            // across a switch point.
+            vt_migrate: unsafe { vt::Runtime::builder().carriers(cores).migrate_started_fibers(true) }
+                .build()
+                .expect("vt runtime"),
             tokio: tokio_runtime(cores),
             rayon: rayon::ThreadPoolBuilder::new().num_threads(cores).build().expect("rayon pool"),
             bare_stacks: (0..cores)
@@ -187,7 +195,16 @@ mod w1 {
     use super::*;
 
     pub fn vt(p: &Peers) {
-        let sum = p.vt.block_on(|| {
+        on(&p.vt);
+    }
+
+    /// The same op on the runtime built with the `unsafe` opt-in `migrate_started_fibers`.
+    pub fn migrate(p: &Peers) {
+        on(&p.vt_migrate);
+    }
+
+    fn on(rt: &vt::Runtime) {
+        let sum = rt.block_on(|| {
             let tasks: Vec<_> = (0..N).map(|i| vt::spawn(move || i as u64)).collect();
             tasks.into_iter().map(|t| t.join().unwrap()).sum()
         });
@@ -235,7 +252,16 @@ mod w2 {
     use super::*;
 
     pub fn vt(p: &Peers) {
-        p.vt.block_on(|| {
+        on(&p.vt);
+    }
+
+    /// The same op on the runtime built with the `unsafe` opt-in `migrate_started_fibers`.
+    pub fn migrate(p: &Peers) {
+        on(&p.vt_migrate);
+    }
+
+    fn on(rt: &vt::Runtime) {
+        rt.block_on(|| {
             let (done, signal) = channel::oneshot::channel();
             let count = Countdown::new(N, done);
             for _ in 0..N {
@@ -317,13 +343,22 @@ mod w3 {
     use super::*;
 
     pub fn vt(p: &Peers) {
+        on(&p.vt);
+    }
+
+    /// The same op on the runtime built with the `unsafe` opt-in `migrate_started_fibers`.
+    pub fn migrate(p: &Peers) {
+        on(&p.vt_migrate);
+    }
+
+    fn on(rt: &vt::Runtime) {
         fn link(i: usize, done: channel::oneshot::Sender<()>) {
             match i {
                 N => done.send(()).unwrap(),
                 _ => drop(vt::spawn(move || link(i + 1, done))),
             }
         }
-        p.vt.block_on(|| {
+        rt.block_on(|| {
             let (done, signal) = channel::oneshot::channel();
             vt::spawn(move || link(1, done));
             signal.recv().unwrap();
@@ -388,7 +423,16 @@ mod w4 {
     use super::*;
 
     pub fn vt(p: &Peers) {
-        p.vt.block_on(|| {
+        on(&p.vt);
+    }
+
+    /// The same op on the runtime built with the `unsafe` opt-in `migrate_started_fibers`.
+    pub fn migrate(p: &Peers) {
+        on(&p.vt_migrate);
+    }
+
+    fn on(rt: &vt::Runtime) {
+        rt.block_on(|| {
             let ((to_b, from_a), (to_a, from_b)) = (channel::bounded(1), channel::bounded(1));
             let a = vt::spawn(move || {
                 for i in 0..ROUND_TRIPS {
@@ -450,7 +494,16 @@ mod w5 {
     use super::*;
 
     pub fn vt(p: &Peers) {
-        p.vt.block_on(|| {
+        on(&p.vt);
+    }
+
+    /// The same op on the runtime built with the `unsafe` opt-in `migrate_started_fibers`.
+    pub fn migrate(p: &Peers) {
+        on(&p.vt_migrate);
+    }
+
+    fn on(rt: &vt::Runtime) {
+        rt.block_on(|| {
             let tasks: Vec<_> =
                 (0..YIELDERS).map(|_| vt::spawn(|| (0..YIELDS).for_each(|_| vt::yield_now()))).collect();
             tasks.into_iter().for_each(|t| t.join().unwrap());

@@ -489,7 +489,8 @@ pub(crate) fn check_deadlock(rt: &Shared) -> bool {
     let started = rt.started();
     if rt.slots[..started].iter().any(|s| {
         !s.location.load(Ordering::SeqCst).is_null()
-            || s.inbox_len.load(Ordering::SeqCst) > 0
+            || s.home_len.load(Ordering::Relaxed) > 0
+            || !s.inbox.is_empty()
             || !s.stealer.is_empty()
     }) || !rt.injector.is_empty()
         || rt.earliest_deadline() != u64::MAX

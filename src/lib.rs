@@ -56,7 +56,7 @@ pub use fiber::join::JoinHandle;
 pub use fiber::local::LocalKey;
 pub use fiber::park::{Fiber, FiberId, current, park, park_timeout, sleep, sleep_until, yield_now};
 pub use fiber::stack::{DEFAULT_STACK_SIZE, MAX_STACK_SIZE, MIN_STACK_SIZE};
-pub use metrics::{BlockingLocation, Metrics};
+pub use metrics::{BlockingLocation, CarrierMetrics, Metrics};
 pub use pool::{PoolScope, ThreadPool, ThreadPoolBuilder};
 pub use runtime::{Handle, Runtime};
 pub use scope::{Scope, ScopedJoinHandle, blocking, join, pinned, scope};

@@ -84,6 +84,26 @@ pub struct Metrics {
     pub compensations: u64,
     /// Locations known to block, with how often fibers from them ran and were caught blocking.
     pub known_blocking: Vec<BlockingLocation>,
+    /// The same work counted per carrier (index order, spares after the first
+    /// `carriers_target`): how evenly the fibers spread. Started fibers stay on their home
+    /// carrier, so the balance is set when fibers start (`arch/scheduler.md`).
+    pub per_carrier: Vec<CarrierMetrics>,
+}
+
+/// One carrier's share of the work (see [`Metrics::per_carrier`]).
+#[derive(Clone, Debug, Default)]
+#[non_exhaustive]
+pub struct CarrierMetrics {
+    /// Times it switched into a fiber.
+    pub switches: u64,
+    /// Fibers that started on it (and so have it as their home), whoever spawned them.
+    pub fibers_started: u64,
+    /// Fibers it took from other carriers' deques.
+    pub steals: u64,
+    /// Fibers it took from the injector.
+    pub injector_pops: u64,
+    /// Time it slept with nothing to do.
+    pub idle_time: Duration,
 }
 
 /// A code location the supervisor learned blocks its carrier.
@@ -149,6 +169,16 @@ impl Metrics {
                 .into_iter()
                 .map(|k| BlockingLocation { location: k.location, runs: k.runs, caught: k.caught })
                 .collect(),
+            per_carrier: slots
+                .iter()
+                .map(|s| CarrierMetrics {
+                    switches: s.progress.load(Ordering::Relaxed),
+                    fibers_started: s.stats.started.load(Ordering::Relaxed),
+                    steals: s.stats.steals.load(Ordering::Relaxed),
+                    injector_pops: s.stats.injector_pops.load(Ordering::Relaxed),
+                    idle_time: Duration::from_nanos(s.stats.idle_ns.load(Ordering::Relaxed)),
+                })
+                .collect(),
         }
     }
 }
@@ -197,6 +227,17 @@ impl fmt::Display for Metrics {
             self.carriers_target, self.carriers_current, self.carriers_peak, self.carriers_blocked
         )?;
         writeln!(f, "supervisor: {} detections, {} compensations", self.detections, self.compensations)?;
+        for (i, c) in self.per_carrier.iter().enumerate() {
+            writeln!(
+                f,
+                "carrier {i}: {} switches, {} fibers started, {} stolen, {} from the injector, idle {:.3} s",
+                c.switches,
+                c.fibers_started,
+                c.steals,
+                c.injector_pops,
+                c.idle_time.as_secs_f64()
+            )?;
+        }
         for k in &self.known_blocking {
             writeln!(f, "known blocking: {} ({} runs, caught {} times)", k.location, k.runs, k.caught)?;
         }

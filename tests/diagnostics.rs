@@ -86,12 +86,13 @@ fn dump_shows_each_state_and_location() {
     assert_eq!(recv_info.spawned_at.line(), recv_site.line() + 1, "the spawn call's line");
     assert!(text.contains(&format!("tests/diagnostics.rs:{}", recv_site.line() + 1)), "{text}");
 
+    // The spinner stops first: a fiber at home on its carrier cannot run while it spins.
+    stop.store(true, Ordering::Relaxed);
+    spinner.join().unwrap();
     drop(guard);
     assert_eq!(lock.join().unwrap(), 0);
     tx.send(7).unwrap();
     assert_eq!(recv.join().unwrap(), Ok(7));
-    stop.store(true, Ordering::Relaxed);
-    spinner.join().unwrap();
     let d = dump_until(&rt, "the finished fibers to leave the dump", |d| d.len() == 2);
     assert_eq!(parked_on(&d, WaitReason::Sleep) + parked_on(&d, WaitReason::NetRead), 2, "{d}");
 }

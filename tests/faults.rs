@@ -258,7 +258,9 @@ fn a_destructor_that_panics_while_unwinding_aborts_the_process_like_std() {
 #[test]
 fn a_destructor_that_waits_while_unwinding_blocks_only_its_carrier() {
     // A fiber never switches out while unwinding, so the destructor's lock wait holds its
-    // carrier; the supervisor must lend a spare so that the lock's holder can run and let go.
+    // carrier; the supervisor must lend a spare so that other work runs meanwhile. The holder is
+    // a plain thread: a fiber holding the lock at home on the blocked carrier could not run
+    // until the wait ends (started fibers stay home, `arch/decisions/0003-home-carriers.md`).
     struct LockOnDrop(Arc<Mutex<u32>>, Arc<AtomicBool>);
     impl Drop for LockOnDrop {
         fn drop(&mut self) {
@@ -269,13 +271,13 @@ fn a_destructor_that_waits_while_unwinding_blocks_only_its_carrier() {
     let rt = vt::Runtime::builder().carriers(1).max_carriers(2).build().unwrap();
     let m = Arc::new(Mutex::new(0));
     let in_drop = Arc::new(AtomicBool::new(false));
-    let (go_tx, go_rx) = channel::bounded::<()>(0);
-    let (locked_tx, locked_rx) = channel::bounded::<()>(1);
+    let (go_tx, go_rx) = mpsc::channel::<()>();
+    let (locked_tx, locked_rx) = mpsc::channel::<()>();
     let m1 = m.clone();
-    let holder = rt.spawn(move || {
+    let holder = std::thread::spawn(move || {
         let mut g = m1.lock().unwrap();
         locked_tx.send(()).unwrap();
-        go_rx.recv().unwrap(); // parked while holding the lock
+        go_rx.recv().unwrap(); // holds the lock until told
         *g += 10;
     });
     locked_rx.recv().unwrap();
@@ -285,6 +287,11 @@ fn a_destructor_that_waits_while_unwinding_blocks_only_its_carrier() {
         panic!("unwinding into a destructor that waits");
     });
     eventually("the unwinding fiber reached its destructor", || in_drop.load(SeqCst));
+    // Its carrier is held; a new fiber still runs (on the spare).
+    within(LIMIT, "a fiber spawned while the carrier is held", {
+        let h = rt.handle();
+        move || assert_eq!(h.spawn(|| 42).join().unwrap(), 42)
+    });
     go_tx.send(()).unwrap();
     within(LIMIT, "the holder and the unwinding fiber", move || {
         holder.join().unwrap();

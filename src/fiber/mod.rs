@@ -190,6 +190,10 @@ pub(crate) struct FiberRecord {
     /// timed park first (`time::disarm`), so a late timer does not wake a later park and the
     /// fiber knows when its deadline passed. Never reset, not even when the record is reused.
     pub(crate) timer_gen: AtomicU64,
+    /// Link of a carrier's inbox (`scheduler/inbox.rs`), where this fiber waits when a thread
+    /// other than its home carrier makes it runnable. Meaningful only while it is queued there
+    /// (it holds its run reference then, so it is in no other queue).
+    pub(crate) inbox_next: crate::sync::loom::AtomicUsize,
 }
 
 /// The layout the comments in `FiberRecord` describe, checked when the crate builds: the
@@ -281,6 +285,7 @@ impl FiberRecord {
             home: AtomicUsize::new(NO_HOME),
             pin_depth: Cell::new(0),
             timer_gen: AtomicU64::new(0),
+            inbox_next: crate::sync::loom::AtomicUsize::new(0),
             cancelled: AtomicBool::new(false),
             locals: local::Locals::default(),
             spawns: Cell::new(0),

@@ -285,9 +285,11 @@ fn cancel_all(rt: &Shared) {
 pub(crate) fn cancel_one(rt: &Shared) -> bool {
     let next = rt.roots.next_parked().or_else(|| rt.injector.pop_any()).or_else(|| {
         rt.slots.iter().find_map(|slot| {
-            let mut q = slot.inbox.lock().unwrap_or_else(|e| e.into_inner());
-            let f = q.pop_front();
-            slot.inbox_len.store(q.len(), Ordering::Relaxed);
+            // One for this call; the rest back, in order, for the next (a fiber being unwound
+            // may call here again and must find them).
+            let mut all = slot.inbox.take_all();
+            let f = all.next();
+            all.for_each(|g| slot.inbox.push(g));
             f
         })
     });

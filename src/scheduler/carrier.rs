@@ -11,6 +11,7 @@
 //! loop. See `arch/scheduler.md`.
 
 use std::cell::{Cell, UnsafeCell};
+use std::collections::VecDeque;
 use std::io;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::ptr::NonNull;
@@ -69,6 +70,12 @@ pub(crate) struct Carrier {
     /// the indexing (a bounds check and a multiply behind two loads) showed in the profile.
     slot: NonNull<CarrierSlot>,
     worker: Local<FiberRef>,
+    /// Started fibers at home here, runnable, each with the deque's `pushed()` count when it
+    /// was queued: it runs once everything queued in the deque before it has left (`home_due`),
+    /// so the two queues together run in arrival order, as one deque did when fibers migrated.
+    /// Private: only this carrier ever runs them. The `VecDeque` keeps its capacity, so a
+    /// steady state allocates nothing.
+    home: UnsafeCell<VecDeque<(FiberRef, usize)>>,
     /// A compensating carrier beyond the target count: it retires when no longer needed.
     is_spare: bool,
     lifo_streak: Cell<u32>,
@@ -99,6 +106,7 @@ impl Carrier {
             index,
             slot,
             worker,
+            home: UnsafeCell::new(VecDeque::with_capacity(LOCAL_CAP)),
             is_spare: index >= rt.target,
             lifo_streak: Cell::new(0),
             tick: Cell::new(0),
@@ -335,16 +343,11 @@ impl Carrier {
     /// Makes a fiber of this runtime runnable from this carrier.
     pub(crate) fn schedule_local(&self, f: FiberRef, wake: Wake) {
         let stats = &self.slot().stats;
-        match wake {
-            Wake::Unpark | Wake::Joiner | Wake::Timer => {
-                if wake != Wake::Timer {
-                    bump(&stats.unparks, 1);
-                }
-                if let Some(now) = self.rt.clock.stamp() {
-                    f.since.store(now, Ordering::Relaxed);
-                }
-            }
-            Wake::Yield => {}
+        if wake != Wake::Timer {
+            bump(&stats.unparks, 1);
+        }
+        if let Some(now) = self.rt.clock.stamp() {
+            f.since.store(now, Ordering::Relaxed);
         }
         let home = f.home.load(Ordering::Relaxed);
         if home != NO_HOME && home != self.index {
@@ -355,15 +358,19 @@ impl Carrier {
             Wake::Unpark => {
                 // Direct hand-off (Go's runnext): the woken fiber runs next here.
                 if let Some(prev) = self.lifo_put(f) {
-                    self.push_back(prev);
-                    self.rt.notify();
+                    if self.push_back(prev) {
+                        self.rt.notify();
+                    }
                 }
             }
             // A timer wake is one of a batch: `time::fire` notifies once for all of them.
-            Wake::Yield | Wake::Timer => self.push_back(f),
-            Wake::Joiner => {
+            Wake::Timer => {
                 self.push_back(f);
-                self.rt.notify();
+            }
+            Wake::Joiner => {
+                if self.push_back(f) {
+                    self.rt.notify();
+                }
             }
         }
     }
@@ -381,15 +388,66 @@ impl Carrier {
         self.rt.notify();
     }
 
-    /// Back of the local deque (spilling half to the injector when full); pinned fibers go to
-    /// this carrier's inbox instead, where no one can steal them.
-    fn push_back(&self, f: FiberRef) {
+    /// Back of the local deque (spilling half to the injector when full); fibers at home here
+    /// go to the home queue instead, where no one can steal them. Returns whether it went
+    /// where another carrier may take it (worth a `notify`).
+    fn push_back(&self, f: FiberRef) -> bool {
         if f.home.load(Ordering::Relaxed) == self.index {
-            self.rt.push_inbox(self.index, f);
-            return;
+            self.home_push(f);
+            return false;
         }
         if let Err(f) = self.worker.push(f) {
             self.push_full(f);
+        }
+        true
+    }
+
+    /// The records of the two fibers that will most likely run next, for `prefetch_ahead`
+    /// (0 where there is none): the home queue's front while it holds fibers (a loop of
+    /// started fibers, such as yielders, lives there), else the deque's.
+    #[inline]
+    fn peek_next_two(&self) -> (usize, usize) {
+        // SAFETY: as in `home_push`.
+        let home = unsafe { &*self.home.get() };
+        match (home.front(), home.get(1)) {
+            (Some((a, _)), b) => {
+                (FiberRef::as_ptr(a) as usize, b.map_or(0, |(b, _)| FiberRef::as_ptr(b) as usize))
+            }
+            (None, _) => self.worker.peek_words(),
+        }
+    }
+
+    /// Queues a fiber at home here behind everything queued so far (see `home`).
+    #[inline]
+    fn home_push(&self, f: FiberRef) {
+        // SAFETY: only this carrier's thread touches `home`, never reentrantly: no method that
+        // borrows it runs fiber code or calls back into another that does.
+        let home = unsafe { &mut *self.home.get() };
+        home.push_back((f, self.worker.pushed()));
+        self.slot().home_len.store(home.len(), Ordering::Relaxed);
+    }
+
+    /// The oldest fiber of the home queue, if everything queued in the deque before it has left
+    /// (`due_only`), or in any case.
+    #[inline]
+    fn home_pop(&self, due_only: bool) -> Option<FiberRef> {
+        // SAFETY: as in `home_push`.
+        let home = unsafe { &mut *self.home.get() };
+        let &(_, mark) = home.front()?;
+        if due_only && mark > self.worker.taken() {
+            return None;
+        }
+        let (f, _) = home.pop_front()?;
+        self.slot().home_len.store(home.len(), Ordering::Relaxed);
+        Some(f)
+    }
+
+    /// Moves what other threads woke for this carrier into the home queue, in arrival order.
+    #[cold]
+    #[inline(never)]
+    fn drain_inbox(&self) {
+        for f in self.slot().inbox.take_all() {
+            self.home_push(f);
         }
     }
 
@@ -436,7 +494,12 @@ impl Carrier {
 
     fn run_loop(&self) {
         while !self.rt.shutdown.load(Ordering::Acquire) {
-            if self.is_spare && self.rt.try_retire(self.index) {
+            // A spare retires between fibers, handing its deque to the others; not while
+            // fibers at home on it wait, which no one else may run.
+            if self.is_spare
+                && self.slot().home_len.load(Ordering::Relaxed) == 0
+                && self.rt.try_retire(self.index)
+            {
                 self.retire();
                 continue;
             }
@@ -482,23 +545,15 @@ impl Carrier {
             // A retired spare, or a carrier blocked in the OS, cannot fire its own timers, and
             // the idle path that fires them for it may never run while every carrier is busy.
             self.fire_foreign_timers();
-            // The injector first: the inbox may never be empty (a pinned fiber that keeps
-            // yielding goes back into it), and the queues below are checked right after.
+            // The injector first: the local queues may never be empty (fibers that keep
+            // yielding), and they are checked right after.
             if let Some(f) = self.steal_injector() {
                 return Some(f);
             }
-            if let Some(f) = self.pop_inbox() {
-                return Some(f);
-            }
         }
-        // The inbox comes first on every other tick only: a pinned fiber that yields goes back
-        // into it, and must not overtake the LIFO slot and the local deque for ever.
-        let inbox_first = tick % 2 == 0;
-        let inbox_waiting = || self.slot().inbox_len.load(Ordering::Relaxed) > 0;
-        if inbox_first && inbox_waiting() {
-            if let Some(f) = self.pop_inbox() {
-                return Some(f);
-            }
+        // One load of a line that only other threads' wakes write: usually empty.
+        if self.slot().inbox.maybe_nonempty() {
+            self.drain_inbox();
         }
         if let Some(f) = self.lifo_take() {
             let streak = self.lifo_streak.get();
@@ -510,10 +565,13 @@ impl Carrier {
             self.push_back(f);
         }
         self.lifo_streak.set(0);
+        if let Some(f) = self.home_pop(true) {
+            return Some(f);
+        }
         if let Some(f) = self.worker.pop() {
             return Some(f);
         }
-        if !inbox_first && inbox_waiting() { self.pop_inbox() } else { None }
+        self.home_pop(false)
     }
 
     /// A batch from the injector into the local deque, counted.
@@ -525,22 +583,17 @@ impl Carrier {
         Some(f)
     }
 
-    fn pop_inbox(&self) -> Option<FiberRef> {
-        let slot = self.slot();
-        let mut q = slot.inbox.lock().unwrap_or_else(|e| e.into_inner());
-        let f = q.pop_front();
-        slot.inbox_len.store(q.len(), Ordering::Relaxed);
-        f
-    }
-
     /// The slow path: timers, the injector, then other carriers. Until `take_last`, a
     /// victim's only queued fiber is left to it (see `PATIENT_ROUNDS`).
     fn find_work(&self, take_last: bool) -> Option<FiberRef> {
-        if let Some(f) = self.pop_inbox() {
-            return Some(f);
+        if self.slot().inbox.maybe_nonempty() {
+            self.drain_inbox();
+            if let Some(f) = self.home_pop(false) {
+                return Some(f);
+            }
         }
         if self.fire_timers() > 0 {
-            if let Some(f) = self.lifo_take().or_else(|| self.worker.pop()) {
+            if let Some(f) = self.lifo_take().or_else(|| self.worker.pop()).or_else(|| self.home_pop(false)) {
                 return Some(f);
             }
         }
@@ -549,7 +602,7 @@ impl Carrier {
         }
         // A carrier busy in a long fiber cannot fire its own timers; an idle one does it.
         if self.fire_foreign_timers() > 0 {
-            if let Some(f) = self.lifo_take().or_else(|| self.worker.pop()) {
+            if let Some(f) = self.lifo_take().or_else(|| self.worker.pop()).or_else(|| self.home_pop(false)) {
                 return Some(f);
             }
         }
@@ -586,7 +639,7 @@ impl Carrier {
                     if f.home.load(Ordering::Relaxed) == NO_HOME {
                         return Some(f);
                     }
-                    // Pinned to the blocked carrier: it may run nowhere else.
+                    // At home on the blocked carrier: it may run nowhere else.
                     self.rt.push_inbox(victim, f);
                 }
             }
@@ -643,7 +696,7 @@ impl Carrier {
             prefetch(sp);
             prefetch(sp + 64);
         }
-        let (next, after) = self.worker.peek_words();
+        let (next, after) = self.peek_next_two();
         if next != 0 {
             // SAFETY: a run-queue slot only ever holds a record pointer this carrier pushed, and
             // records are freed only when the runtime is dropped, so even a stale one (taken by
@@ -680,6 +733,7 @@ impl Carrier {
             if !self.rt.config.migrate_started_fibers {
                 f.home.store(self.index, Ordering::Relaxed);
             }
+            bump(&slot.stats.started, 1);
             // SAFETY: we popped `f`: exclusive access.
             if !unsafe { f.bind(self.take_coroutine(f.class())) } {
                 // No stack: its join handle got the error; it is finished.
@@ -738,14 +792,18 @@ impl Carrier {
                 }
                 f.set_yielded();
                 self.current.set(std::ptr::null());
-                // The common case inline: unpinned, room in the deque (what `schedule_local`
-                // decides for a yield, without its dispatch on the wake kind).
+                // What `schedule_local` decides for a yield, without its dispatch on the wake
+                // kind: a fiber that ran here is at home here, or has none.
+                debug_assert!(
+                    matches!(f.home.load(Ordering::Relaxed), NO_HOME)
+                        || f.home.load(Ordering::Relaxed) == self.index
+                );
                 if f.home.load(Ordering::Relaxed) == NO_HOME {
                     if let Err(f) = self.worker.push(f) {
-                        self.schedule_local(f, Wake::Yield);
+                        self.push_full(f);
                     }
                 } else {
-                    self.schedule_local(f, Wake::Yield);
+                    self.home_push(f);
                 }
             }
             Suspend::Park => {
@@ -823,12 +881,17 @@ impl Carrier {
         let rest = unsafe { &mut *self.spill.get() };
         if let Some(f) = self.lifo_take() {
             if f.home.load(Ordering::Relaxed) == self.index {
-                // Pinned here (woken into the LIFO slot): it may run nowhere else, so it goes to
-                // this carrier's inbox, which brings a retiring spare back (`Shared::revive`).
+                // At home here (woken into the LIFO slot): it may run nowhere else, so it goes
+                // to this carrier's inbox, which brings a retiring spare back (`Shared::revive`).
                 self.rt.push_inbox(self.index, f);
             } else {
                 rest.push(f);
             }
+        }
+        // The same for the home queue (empty when a spare retires: see `run_loop`; at
+        // shutdown, the runtime's drop finds these in the inbox).
+        while let Some(f) = self.home_pop(false) {
+            self.rt.push_inbox(self.index, f);
         }
         self.worker.take_into(rest, usize::MAX);
         self.rt.injector.push_batch(self.index, rest);
@@ -873,7 +936,7 @@ impl Carrier {
     /// Work that another thread could have made visible since we last looked.
     fn work_visible(&self) -> bool {
         let rt = &self.rt;
-        self.slot().inbox_len.load(Ordering::SeqCst) > 0
+        !self.slot().inbox.is_empty()
             || !rt.injector.is_empty()
             || (rt.idle.can_search()
                 && rt.slots[..rt.started()]

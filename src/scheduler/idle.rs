@@ -69,7 +69,16 @@ impl Idle {
 
     /// Wakes a specific carrier if it sleeps (work was put in its private inbox). Returns true
     /// if the caller must unpark it.
+    ///
+    /// Most such wakes find no carrier asleep, and the lock is skipped then: the pusher's fence
+    /// and the sleeper's registration (a SeqCst RMW, then a fenced re-check of its inbox) are
+    /// step 2's store-buffering pair, so either this sees `sleeping > 0` or the sleeper's
+    /// re-check sees the pushed fiber.
     pub(crate) fn notify_carrier(&self, index: usize) -> bool {
+        fence(Ordering::SeqCst);
+        if self.counts.load(Ordering::Relaxed) < SLEEPER {
+            return false;
+        }
         let mut s = self.sleepers.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(pos) = s.iter().position(|&i| i == index) {
             s.swap_remove(pos);
@@ -379,22 +388,39 @@ pub(super) mod loom_tests {
         );
     }
 
-    /// Carrier 0's inbox (`inbox` and `inbox_len` of `CarrierSlot`).
+    /// Carrier 0's inbox: the real lock-free `Inbox` (`CarrierSlot::inbox`), holding stand-in
+    /// fibers.
     struct Inbox {
-        queue: Mutex<usize>,
-        len: AtomicUsize,
+        inbox: crate::scheduler::inbox::Inbox<Box<InboxNode>>,
+    }
+
+    pub(crate) struct InboxNode {
+        link: AtomicUsize,
+    }
+
+    impl run_queue::Entry for Box<InboxNode> {
+        fn into_word(self) -> usize {
+            Box::into_raw(self) as usize
+        }
+
+        unsafe fn from_word(word: usize) -> Self {
+            // SAFETY: a word from `into_word`, taken back once (caller's contract).
+            unsafe { Box::from_raw(word as *mut InboxNode) }
+        }
+    }
+
+    impl crate::scheduler::inbox::Linked for Box<InboxNode> {
+        unsafe fn link<'a>(word: usize) -> &'a AtomicUsize {
+            // SAFETY: a live node's address (caller's contract).
+            unsafe { &(*(word as *const InboxNode)).link }
+        }
     }
 
     impl Queues for Inbox {
         fn take_unsearched(&self, me: usize) -> bool {
-            if me != 0 {
-                return false;
-            }
-            let mut q = self.queue.lock().unwrap();
-            let took = *q > 0;
-            *q -= usize::from(took);
-            self.len.store(*q, Ordering::Relaxed);
-            took
+            // `Carrier::drain_inbox` then a pop of the home queue: one fiber taken, the rest
+            // (none in this model) would wait in the home queue.
+            me == 0 && self.inbox.take_all().count() > 0
         }
 
         fn steal(&self, _me: usize) -> bool {
@@ -402,25 +428,22 @@ pub(super) mod loom_tests {
         }
 
         fn visible(&self, me: usize, _can_search: &dyn Fn() -> bool) -> bool {
-            me == 0 && self.len.load(Ordering::SeqCst) > 0
+            me == 0 && !self.inbox.is_empty()
         }
     }
 
-    /// A fiber pinned to carrier 0 (`push_inbox`: queue under the inbox lock, then
-    /// `notify_carrier`): carrier 0 must wake for it, whatever carrier 1 does.
+    /// A fiber at home on carrier 0 woken from elsewhere (`push_inbox`: a lock-free push, then
+    /// `notify_carrier`, which skips the sleepers' lock when nobody sleeps): carrier 0 must wake
+    /// for it, whatever carrier 1 does.
     #[test]
     fn loom_idle_inbox_wakes_its_carrier() {
         check(
             2,
             3,
             1,
-            || Inbox { queue: Mutex::new(0), len: AtomicUsize::new(0) },
+            || Inbox { inbox: crate::scheduler::inbox::Inbox::new() },
             |m| {
-                {
-                    let mut q = m.queues.queue.lock().unwrap();
-                    *q += 1;
-                    m.queues.len.store(*q, Ordering::SeqCst);
-                }
+                m.queues.inbox.push(Box::new(InboxNode { link: AtomicUsize::new(0) }));
                 if m.idle.notify_carrier(0) {
                     m.unpark_carrier(0);
                 }

@@ -2,19 +2,21 @@
 //!
 //! `Shared` is what every carrier (and every thread that spawns or wakes a fiber) sees; the
 //! per-carrier hot state lives in [`carrier::Carrier`] on the carrier's own thread. Finding work
-//! goes: private inbox (pinned fibers) → LIFO slot (at most 3 in a row) → local deque → injector
-//! shards (every 61 ticks first, for fairness) → expired timers → stealing half of a random
-//! victim's deque → sleep. See `arch/scheduler.md`.
+//! goes: LIFO slot (at most 3 in a row) → the home queue and the local deque, merged in arrival
+//! order (started fibers wait in the home queue, private to their carrier; unstarted ones in the
+//! stealable deque) → injector shards (every 61 ticks first, for fairness) → expired timers →
+//! stealing half of a random victim's deque → sleep. Wakes from other threads reach a started
+//! fiber's home through its lock-free inbox. See `arch/scheduler.md`.
 
 pub(crate) mod carrier;
 mod idle;
+mod inbox;
 mod injector;
 pub(crate) mod locations;
 pub(crate) mod roots;
 mod run_queue;
 pub(crate) mod supervisor;
 
-use std::collections::VecDeque;
 use std::ptr::NonNull;
 
 use std::panic::Location;
@@ -50,8 +52,6 @@ impl<T> std::ops::Deref for CachePadded<T> {
 /// Why a fiber is being made runnable; decides where it is queued.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Wake {
-    /// It yielded: back of the local deque.
-    Yield,
     /// Another fiber woke it: the waker's LIFO slot, so it runs next with warm caches.
     Unpark,
     /// The fiber it was joining finished: back of the local deque. A joiner woken into the
@@ -66,9 +66,11 @@ pub(crate) enum Wake {
 /// The part of a carrier that other threads touch.
 pub(crate) struct CarrierSlot {
     pub(crate) stealer: run_queue::Remote<FiberRef>,
-    /// Fibers that may run only on this carrier (pinned). Not stealable.
-    pub(crate) inbox: Mutex<VecDeque<FiberRef>>,
-    pub(crate) inbox_len: AtomicUsize,
+    /// Fibers at home here, made runnable by another thread (`inbox.rs`). Not stealable.
+    pub(crate) inbox: inbox::Inbox<FiberRef>,
+    /// Fibers in this carrier's private home queue (written by the carrier alone), for the
+    /// supervisor and dumps: fibers that only this carrier may run.
+    pub(crate) home_len: AtomicUsize,
     pub(crate) timers: Mutex<TimerHeap>,
     /// Earliest deadline in `timers`, in ns since the runtime's epoch (`u64::MAX`: none).
     pub(crate) next_deadline: AtomicU64,
@@ -104,6 +106,8 @@ pub(crate) struct CarrierSlot {
 #[derive(Default)]
 pub(crate) struct Stats {
     pub(crate) spawned: AtomicU64,
+    /// Fibers whose first run was here (their home, unless migration is on).
+    pub(crate) started: AtomicU64,
     pub(crate) finished: AtomicU64,
     pub(crate) parks: AtomicU64,
     pub(crate) unparks: AtomicU64,
@@ -227,8 +231,8 @@ impl Shared {
                 .map(|stealer| {
                     CachePadded(CarrierSlot {
                         stealer,
-                        inbox: Mutex::new(VecDeque::new()),
-                        inbox_len: AtomicUsize::new(0),
+                        inbox: inbox::Inbox::new(),
+                        home_len: AtomicUsize::new(0),
                         timers: Mutex::new(TimerHeap::default()),
                         next_deadline: AtomicU64::new(u64::MAX),
                         thread: OnceLock::new(),
@@ -369,8 +373,8 @@ impl Shared {
     /// spare) unless that would leave fewer than `target` unblocked carriers.
     pub(crate) fn try_retire(&self, i: usize) -> bool {
         let mut spares = self.spares.lock().unwrap_or_else(|e| e.into_inner());
-        // Fibers in its inbox are pinned to it: they may run nowhere else (see `revive`).
-        if self.slots[i].inbox_len.load(Ordering::SeqCst) > 0 {
+        // Fibers in its inbox are at home on it: they may run nowhere else (see `revive`).
+        if !self.slots[i].inbox.is_empty() {
             return false;
         }
         let mut active = self.active.load(Ordering::Acquire);
@@ -491,12 +495,7 @@ impl Shared {
 
     /// Queues a fiber that must run on carrier `index` and wakes that carrier if it sleeps.
     pub(crate) fn push_inbox(&self, index: usize, f: FiberRef) {
-        let slot = &self.slots[index];
-        {
-            let mut q = slot.inbox.lock().unwrap_or_else(|e| e.into_inner());
-            q.push_back(f);
-            slot.inbox_len.store(q.len(), Ordering::SeqCst);
-        }
+        self.slots[index].inbox.push(f);
         if index >= self.target && self.revive(index) {
             return;
         }

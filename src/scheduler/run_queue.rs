@@ -204,6 +204,19 @@ impl<T: Entry> Local<T> {
         r.tail.load(Ordering::Relaxed).wrapping_sub(r.head.load(Ordering::Acquire))
     }
 
+    /// Entries ever pushed (the tail counter, which never wraps on 64 bits).
+    #[inline]
+    pub(crate) fn pushed(&self) -> usize {
+        self.ring.tail.load(Ordering::Relaxed)
+    }
+
+    /// Entries ever taken from the head, by the owner or by thieves: every entry pushed before
+    /// the `pushed()` reading `mark` has left once `taken() >= mark`.
+    #[inline]
+    pub(crate) fn taken(&self) -> usize {
+        self.ring.head.load(Ordering::Relaxed)
+    }
+
     /// Slots a push can fill before the queue is full.
     pub(crate) fn free(&self) -> usize {
         self.ring.mask + 1 - self.len()

@@ -135,10 +135,12 @@ fn sample(rt: &Shared, i: usize, w: &mut Watch, starving: &mut HashSet<usize>) -
             w.steal_at_stall = stat.and_then(|s| s.processor).and_then(|c| steal_ticks(c).map(|t| (c, t)));
         }
         // Fibers wait behind a fiber that hogs its carrier only if nobody else can take them:
-        // the LIFO slot and the inbox (pinned fibers) are its alone, the deque is stealable.
+        // the LIFO slot, the home queue and the inbox (fibers at home there) are its alone, the
+        // deque is stealable.
         let waiting = w.untaken >= WAIT_SAMPLES
             || !slot.lifo.load(Ordering::Relaxed).is_null()
-            || slot.inbox_len.load(Ordering::Relaxed) > 0;
+            || slot.home_len.load(Ordering::Relaxed) > 0
+            || slot.inbox.maybe_nonempty();
         let hogging = !in_kernel && w.stalled >= CPU_STALL_SAMPLES && waiting;
         if hogging && rt.idle.sleeping_count() == 0 {
             // Every carrier busy and this one held by one fiber for ~100 ms: the queued
