@@ -230,12 +230,25 @@ unsafe fn fail_start<F: FnOnce() -> T + Send, T: Send>(rec: &FiberRecord, e: io:
     join::complete(rec);
 }
 
+/// Drops a result nobody will take; a panic's payload goes to the fiber's scope, if any, which
+/// resumes the first one it gets (as rayon's scope does). Returns whether it was a panic.
+///
 /// # Safety
 /// The stage holds this fiber's `thread::Result<T>`, and the caller is the only party that
 /// may take it (see `join.rs`).
 unsafe fn drop_result<T>(rec: &FiberRecord) -> bool {
     // SAFETY: see the function's contract.
-    unsafe { rec.take_stage::<std::thread::Result<T>>() }.is_err()
+    match unsafe { rec.take_stage::<std::thread::Result<T>>() } {
+        Ok(_) => false,
+        Err(payload) => {
+            // SAFETY: as the only party to the result, the caller is also the only one to touch
+            // the scope cell until it tells the scope (`join::scope_done`), after this.
+            if let Some(scope) = unsafe { &*rec.scope.get() } {
+                scope.keep_panic(payload);
+            }
+            true
+        }
+    }
 }
 
 /// The fork-yield rule: a fiber that spawns many children in a row yields every `fork_yield`
