@@ -32,6 +32,12 @@ impl Builder {
     }
 
     /// Names the fiber; the name shows in panics' messages, dumps and [`Fiber::name`].
+    ///
+    /// A panic in a fiber prints a line naming the fiber (id, name, spawn site) before the
+    /// message of the panic hook that was set when the first runtime started (std's names the
+    /// thread, which is the carrier: `std::thread::current()` inside a fiber is its carrier
+    /// thread; [`vt::current`](crate::current) is the fiber). A hook set after that replaces
+    /// the runtime's, which then prints nothing.
     pub fn name(mut self, name: String) -> Builder {
         self.name = Some(name);
         self

@@ -154,6 +154,7 @@ impl ThreadPool {
     ///
     /// # Panics
     /// If no fiber stack can be had (the job is dropped).
+    #[track_caller]
     pub fn execute<F>(&self, f: F)
     where
         F: FnOnce() + Send + 'static,

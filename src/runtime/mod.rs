@@ -52,6 +52,7 @@ impl Runtime {
         static RLIMIT: OnceLock<()> = OnceLock::new();
         RLIMIT.get_or_init(crate::platform::raise_nofile_limit);
         crate::fiber::overflow::install_handler();
+        crate::diagnostics::install_panic_hook();
 
         let n = config.carriers;
         let cores =
