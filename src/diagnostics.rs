@@ -565,6 +565,45 @@ pub(crate) fn warn_starvation(
     );
 }
 
+/// Every carrier up to `max_carriers` has been blocked in the OS for a while and fibers wait
+/// to run: say how many carriers, where their fibers came from and how to raise the bound.
+/// Called once per runtime by the supervisor.
+pub(crate) fn report_saturation(rt: &Shared) {
+    let max = rt.config.max_carriers;
+    // Where each carrier's fiber was spawned, or entered `vt::blocking`: the carrier's own
+    // record of it, kept even with fiber roots off.
+    let mut sites: Vec<(&'static Location<'static>, usize)> = Vec::new();
+    for slot in &rt.slots[..rt.started()] {
+        let loc = slot.location.load(Ordering::Acquire);
+        if loc.is_null() {
+            continue;
+        }
+        // SAFETY: `location` only ever holds `&'static Location` pointers.
+        let loc: &'static Location<'static> = unsafe { &*loc };
+        match sites.iter_mut().find(|(l, _)| l == &loc) {
+            Some((_, n)) => *n += 1,
+            None => sites.push((loc, 1)),
+        }
+    }
+    sites.sort_by(|a, b| b.1.cmp(&a.1));
+    let sites: Vec<String> = sites.iter().map(|(l, n)| format!("{n} at {l}")).collect();
+    let waiting = collect(rt).fibers.iter().filter(|f| f.state == FiberState::Runnable).count();
+    let waiting = match waiting {
+        0 => "fibers wait".to_owned(),
+        1 => "1 fiber waits".to_owned(),
+        n => format!("{n} fibers wait"),
+    };
+    eprintln!(
+        "virtual-threads: all {max} carriers (max_carriers) are blocked (in the OS, or each in \
+         one fiber for long without a switch) and {waiting} to run; none runs until a carrier \
+         comes back. The blocked carriers' fibers were spawned (or entered vt::blocking): {}. \
+         Raise the bound with runtime::Builder::max_carriers(n) (VT_MAX_CARRIERS=n for the \
+         default runtime), or wait with vt's own calls (vt::sync, vt::channel, vt::sleep, joins), \
+         which park the fiber and free its carrier. (Reported once.)",
+        sites.join(", ")
+    );
+}
+
 // --- Panics: name the fiber, not just its carrier thread. ---
 
 /// Makes a panic inside a fiber name the fiber: installs, once per process, a panic hook that
@@ -594,8 +633,11 @@ pub(crate) fn install_panic_hook() {
             let carrier = carrier.name().unwrap_or("<unnamed>");
             // One write, so that the line stays whole among other threads' output; an error
             // writing to stderr is no reason to abort (a panic in the hook would).
-            let line =
-                format!("fiber {}{name} (spawned at {}) panicked on carrier thread '{carrier}':\n", rec.id(), rec.spawned_at());
+            let line = format!(
+                "fiber {}{name} (spawned at {}) panicked on carrier thread '{carrier}':\n",
+                rec.id(),
+                rec.spawned_at()
+            );
             let _ = std::io::Write::write_all(&mut std::io::stderr(), line.as_bytes());
         }
         previous(info)

@@ -400,7 +400,11 @@ fn a_panic_in_a_fiber_names_the_fiber_and_chains_to_the_previous_hook() {
     }
     assert_eq!(stderr.matches("user hook saw").count(), 3, "chained every time: {stderr}");
     assert!(stderr.contains("thread 'plain'") && stderr.contains("boom on a thread"), "{stderr}");
-    assert_eq!(stderr.matches("panicked on carrier thread").count(), 2, "nothing for a plain thread: {stderr}");
+    assert_eq!(
+        stderr.matches("panicked on carrier thread").count(),
+        2,
+        "nothing for a plain thread: {stderr}"
+    );
 }
 
 #[test]

@@ -266,7 +266,8 @@ struct Payload(u32);
 #[test]
 fn scopes_resume_the_first_panics_own_payload() {
     let rt = runtime(2);
-    let payload = |r: std::thread::Result<()>| *r.expect_err("the scope panics").downcast::<Payload>().unwrap();
+    let payload =
+        |r: std::thread::Result<()>| *r.expect_err("the scope panics").downcast::<Payload>().unwrap();
     let ran = AtomicUsize::new(0);
     let r = catch_unwind(AssertUnwindSafe(|| {
         rt.block_on(|| {
@@ -449,7 +450,8 @@ fn jobs_run_on_the_runtime_the_pool_was_built_on() {
 #[test]
 #[allow(deprecated)]
 fn threadpools_idioms_compile_and_mean_what_they_mean() {
-    let named = |pool: &vt::ThreadPool| pool.spawn(|| vt::current().name().map(str::to_owned)).join().unwrap();
+    let named =
+        |pool: &vt::ThreadPool| pool.spawn(|| vt::current().name().map(str::to_owned)).join().unwrap();
     let pool = vt::ThreadPool::with_name("w".into(), 2);
     assert_eq!(named(&pool).as_deref(), Some("w"));
     assert_eq!(pool.max_count(), 2);
