@@ -585,7 +585,7 @@ pub(crate) fn report_saturation(rt: &Shared) {
             None => sites.push((loc, 1)),
         }
     }
-    sites.sort_by(|a, b| b.1.cmp(&a.1));
+    sites.sort_by_key(|&(_, n)| std::cmp::Reverse(n));
     let sites: Vec<String> = sites.iter().map(|(l, n)| format!("{n} at {l}")).collect();
     let waiting = collect(rt).fibers.iter().filter(|f| f.state == FiberState::Runnable).count();
     let waiting = match waiting {

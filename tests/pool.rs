@@ -319,6 +319,22 @@ fn scopes_resume_the_first_panics_own_payload() {
     assert_eq!((pool.panic_count(), ran.load(Ordering::Relaxed)), (1, 11));
 }
 
+/// rayon's `s.spawn(|s| ...)` becomes `s.spawn(|| ...)` with the scope captured (the README's
+/// before/after): nested spawns borrow from the caller like rayon's.
+#[test]
+fn rayon_style_nested_spawns_capture_the_scope() {
+    let mut leaves = [0u32; 4];
+    let (a, b) = leaves.split_at_mut(2);
+    vt::scope(|s| {
+        s.spawn(|| {
+            a[0] = 1;
+            s.spawn(|| a[1] = 2);
+        });
+        s.spawn(|| b.iter_mut().for_each(|x| *x = 3));
+    });
+    assert_eq!(leaves, [1, 2, 3, 3]);
+}
+
 #[test]
 fn set_num_threads_raises_and_lowers_the_bound() {
     let rt = runtime(2);

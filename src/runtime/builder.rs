@@ -202,7 +202,7 @@ impl Builder {
     /// empty ones leave the builder's value. A value that is not a number is `InvalidInput`
     /// naming the variable; one out of range is caught by `build`, whose error the caller
     /// completes with [`env_note`].
-    pub(crate) fn from_env(mut self, var: impl Fn(&str) -> Option<OsString>) -> io::Result<Builder> {
+    pub(crate) fn with_env(mut self, var: impl Fn(&str) -> Option<OsString>) -> io::Result<Builder> {
         let read = |name: &str, parse: fn(&str) -> Option<usize>, what: &str| -> io::Result<Option<usize>> {
             let Some(raw) = var(name) else { return Ok(None) };
             let text = raw.to_str().map(str::trim).unwrap_or("\u{fffd}");
@@ -279,7 +279,7 @@ impl Builder {
     }
 }
 
-/// The environment variables of [`Builder::from_env`] that are set, as `NAME=value` pairs, for
+/// The environment variables of [`Builder::with_env`] that are set, as `NAME=value` pairs, for
 /// an error message: a bound of the default runtime out of range names where it came from.
 pub(crate) fn env_note(var: impl Fn(&str) -> Option<OsString>) -> String {
     let set: Vec<String> = ["VT_CARRIERS", "VT_MAX_CARRIERS", "VT_STACK_SIZE"]
@@ -334,21 +334,21 @@ mod tests {
     #[test]
     fn the_environment_sets_the_default_runtimes_bounds_and_names_a_bad_value() {
         let vars = [("VT_CARRIERS", " 3 "), ("VT_MAX_CARRIERS", "9"), ("VT_STACK_SIZE", "256K")];
-        let c = Builder::new().from_env(env(&vars)).unwrap().config().unwrap();
+        let c = Builder::new().with_env(env(&vars)).unwrap().config().unwrap();
         assert_eq!((c.carriers, c.max_carriers, c.stack_size), (3, 9, 256 * 1024));
         // Unset or empty: the builder's own values.
-        let c = Builder::new().carriers(2).from_env(env(&[("VT_CARRIERS", "")])).unwrap().config().unwrap();
+        let c = Builder::new().carriers(2).with_env(env(&[("VT_CARRIERS", "")])).unwrap().config().unwrap();
         assert_eq!((c.carriers, c.stack_size), (2, DEFAULT_STACK_SIZE));
         for (name, value) in
             [("VT_CARRIERS", "two"), ("VT_MAX_CARRIERS", "-1"), ("VT_STACK_SIZE", "1 parsec")]
         {
-            let e = Builder::new().from_env(env(&[(name, value)])).unwrap_err();
+            let e = Builder::new().with_env(env(&[(name, value)])).unwrap_err();
             assert_eq!(e.kind(), io::ErrorKind::InvalidInput);
             assert!(e.to_string().starts_with(&format!("{name}=\"{value}\"")), "{e}");
         }
         // In range is `build`'s to check; the note says where the values came from.
         let vars = [("VT_CARRIERS", "4"), ("VT_MAX_CARRIERS", "2")];
-        let e = Builder::new().from_env(env(&vars)).unwrap().config().unwrap_err();
+        let e = Builder::new().with_env(env(&vars)).unwrap().config().unwrap_err();
         assert_eq!(e.kind(), io::ErrorKind::InvalidInput);
         assert_eq!(env_note(env(&vars)), " (the environment sets VT_CARRIERS=4, VT_MAX_CARRIERS=2)");
         assert_eq!(env_note(env(&[])), "");

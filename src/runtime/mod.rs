@@ -360,7 +360,7 @@ fn cancel(f: FiberRef) {
 
 /// The process-wide default runtime, started on first use (by `vt::spawn` and friends called
 /// from a plain thread). `VT_CARRIERS`, `VT_MAX_CARRIERS` and `VT_STACK_SIZE` in the
-/// environment set its bounds (`Builder::from_env`): its users, from `main`, have no builder.
+/// environment set its bounds (`Builder::with_env`): its users, from `main`, have no builder.
 pub(crate) fn default_runtime() -> &'static Runtime {
     static DEFAULT: OnceLock<Runtime> = OnceLock::new();
     DEFAULT.get_or_init(|| {
@@ -369,7 +369,7 @@ pub(crate) fn default_runtime() -> &'static Runtime {
             panic!("cannot start the default virtual-threads runtime: {e}{note}")
         };
         let b =
-            Builder::new().thread_name("vt-default").from_env(var).unwrap_or_else(|e| fail(e, String::new()));
+            Builder::new().thread_name("vt-default").with_env(var).unwrap_or_else(|e| fail(e, String::new()));
         // A bound out of range (`VT_CARRIERS=0`): say which variables were set.
         b.build().unwrap_or_else(|e| fail(e, builder::env_note(var)))
     })
