@@ -284,7 +284,9 @@ impl Builder {
 pub(crate) fn env_note(var: impl Fn(&str) -> Option<OsString>) -> String {
     let set: Vec<String> = ["VT_CARRIERS", "VT_MAX_CARRIERS", "VT_STACK_SIZE"]
         .into_iter()
-        .filter_map(|name| var(name).map(|v| format!("{name}={}", v.to_string_lossy())))
+        .filter_map(|name| {
+            var(name).filter(|v| !v.is_empty()).map(|v| format!("{name}={}", v.to_string_lossy()))
+        })
         .collect();
     if set.is_empty() { String::new() } else { format!(" (the environment sets {})", set.join(", ")) }
 }
