@@ -1,4 +1,5 @@
-//! Fiber dumps, the deadlock report, the CPU-starvation warning and the SIGQUIT dump.
+//! Fiber dumps, the deadlock report, the CPU-starvation warning, the SIGQUIT dump and the panic
+//! hook that names the fiber.
 //!
 //! The fiber roots are the runtime's record arena (`scheduler::roots`): every record the
 //! runtime ever allocated, live or pooled. A dump walks it and takes a counted reference to each
@@ -563,6 +564,85 @@ pub(crate) fn warn_starvation(
          queue. (Reported once per spawn location.){host}",
         ran_for.as_millis()
     );
+}
+
+/// Every carrier up to `max_carriers` has been blocked in the OS for a while and fibers wait
+/// to run: say how many carriers, where their fibers came from and how to raise the bound.
+/// Called once per runtime by the supervisor.
+pub(crate) fn report_saturation(rt: &Shared) {
+    let max = rt.config.max_carriers;
+    // Where each carrier's fiber was spawned, or entered `vt::blocking`: the carrier's own
+    // record of it, kept even with fiber roots off.
+    let mut sites: Vec<(&'static Location<'static>, usize)> = Vec::new();
+    for slot in &rt.slots[..rt.started()] {
+        let loc = slot.location.load(Ordering::Acquire);
+        if loc.is_null() {
+            continue;
+        }
+        // SAFETY: `location` only ever holds `&'static Location` pointers.
+        let loc: &'static Location<'static> = unsafe { &*loc };
+        match sites.iter_mut().find(|(l, _)| l == &loc) {
+            Some((_, n)) => *n += 1,
+            None => sites.push((loc, 1)),
+        }
+    }
+    sites.sort_by_key(|&(_, n)| std::cmp::Reverse(n));
+    let sites: Vec<String> = sites.iter().map(|(l, n)| format!("{n} at {l}")).collect();
+    let waiting = collect(rt).fibers.iter().filter(|f| f.state == FiberState::Runnable).count();
+    let waiting = match waiting {
+        0 => "fibers wait".to_owned(),
+        1 => "1 fiber waits".to_owned(),
+        n => format!("{n} fibers wait"),
+    };
+    eprintln!(
+        "virtual-threads: all {max} carriers (max_carriers) are blocked (in the OS, or each in \
+         one fiber for long without a switch) and {waiting} to run; none runs until a carrier \
+         comes back. The blocked carriers' fibers were spawned (or entered vt::blocking): {}. \
+         Raise the bound with runtime::Builder::max_carriers(n) (VT_MAX_CARRIERS=n for the \
+         default runtime), or wait with vt's own calls (vt::sync, vt::channel, vt::sleep, joins), \
+         which park the fiber and free its carrier. (Reported once.)",
+        sites.join(", ")
+    );
+}
+
+// --- Panics: name the fiber, not just its carrier thread. ---
+
+/// Makes a panic inside a fiber name the fiber: installs, once per process, a panic hook that
+/// prints `fiber 12 "name" (spawned at src/main.rs:4:5) panicked on carrier thread
+/// 'vt-carrier-0':` and then calls the hook that was there before it (std's, which prints the
+/// thread's name, the panic's location and message, or the user's). On a plain thread it only
+/// calls the previous hook. A hook the user sets later replaces this one, as any hook does.
+///
+/// std's hook cannot name the fiber: `std::thread::current()` inside a fiber is its carrier
+/// thread, and its name is the carrier's.
+pub(crate) fn install_panic_hook() {
+    static INSTALLED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    // `take_hook` and `set_hook` panic on a panicking thread (a runtime started from a
+    // destructor during unwinding): the next runtime to start installs it then.
+    if std::thread::panicking() || INSTALLED.swap(true, Ordering::AcqRel) {
+        return;
+    }
+    let previous = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        let rec = crate::runtime::context::current_fiber();
+        if !rec.is_null() {
+            // SAFETY: the running fiber's record is live while it runs, and its id, name and
+            // spawn site are read-only then (see `FiberRecord`'s `Send` argument).
+            let rec = unsafe { &*rec };
+            let name = rec.name().map(|n| format!(" {n:?}")).unwrap_or_default();
+            let carrier = std::thread::current();
+            let carrier = carrier.name().unwrap_or("<unnamed>");
+            // One write, so that the line stays whole among other threads' output; an error
+            // writing to stderr is no reason to abort (a panic in the hook would).
+            let line = format!(
+                "fiber {}{name} (spawned at {}) panicked on carrier thread '{carrier}':\n",
+                rec.id(),
+                rec.spawned_at()
+            );
+            let _ = std::io::Write::write_all(&mut std::io::stderr(), line.as_bytes());
+        }
+        previous(info)
+    }));
 }
 
 // --- SIGQUIT: print every opted-in runtime's dump, as the JVM prints its thread dump. ---

@@ -5,11 +5,12 @@
 //! until every fiber spawned in it has finished *and* its result has been dropped or taken
 //! (the count drops in the result packet's destructor), on every path, panics included.
 
+use std::any::Any;
 use std::fmt;
 use std::marker::PhantomData;
 use std::panic::{AssertUnwindSafe, Location, catch_unwind, resume_unwind};
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
 
 use crate::fiber::builder::Builder;
 use crate::fiber::compact::Lent;
@@ -20,10 +21,42 @@ use crate::{Fiber, current};
 pub(crate) struct ScopeData {
     running: AtomicUsize,
     a_fiber_panicked: AtomicBool,
+    /// The payload of the first unjoined fiber's panic, resumed by `scope` at its end.
+    first_panic: FirstPanic,
     main: Fiber,
 }
 
+/// The first of several panics' payloads: a scope resumes it at its end, as rayon's does
+/// (std's scope panics with a message of its own, and the payload is lost).
+#[derive(Default)]
+pub(crate) struct FirstPanic(Mutex<Option<Box<dyn Any + Send>>>);
+
+impl FirstPanic {
+    /// Keeps `payload` if it is the first; a later one is dropped.
+    pub(crate) fn keep(&self, payload: Box<dyn Any + Send>) {
+        let mut first = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        if first.is_none() {
+            *first = Some(payload);
+        } else {
+            drop(first);
+            // Outside the lock: a payload's destructor is user code.
+            drop(payload);
+        }
+    }
+
+    /// Resumes the kept payload (or, if there is none, panics with `otherwise`).
+    pub(crate) fn resume(&self, otherwise: &'static str) -> ! {
+        let first = self.0.lock().unwrap_or_else(PoisonError::into_inner).take();
+        resume_unwind(first.unwrap_or_else(|| Box::new(otherwise)))
+    }
+}
+
 impl ScopeData {
+    /// A scoped fiber's panic that nobody joined: the scope resumes the first one.
+    pub(crate) fn keep_panic(&self, payload: Box<dyn Any + Send>) {
+        self.first_panic.keep(payload);
+    }
+
     /// Called when a scoped fiber's packet is dropped.
     pub(crate) fn fiber_done(&self, unhandled_panic: bool) {
         if unhandled_panic {
@@ -54,7 +87,10 @@ pub struct ScopedJoinHandle<'scope, T> {
 /// `std::thread::scope`. Every fiber spawned in it is joined before `scope` returns.
 ///
 /// # Panics
-/// If `f` panics, or if a spawned fiber panicked and was not joined.
+/// If `f` panics (its panic is resumed), or if a spawned fiber panicked and was not joined:
+/// then the first such fiber's panic is resumed with its own payload, as rayon's scope does
+/// (std's scope panics with a message of its own instead). A fiber joined through its
+/// [`ScopedJoinHandle`] hands its panic to the joiner as `Err`, and the scope leaves it be.
 ///
 /// ```
 /// use virtual_threads as vt;
@@ -77,6 +113,7 @@ where
         data: Arc::new(ScopeData {
             running: AtomicUsize::new(0),
             a_fiber_panicked: AtomicBool::new(false),
+            first_panic: FirstPanic::default(),
             main: current(),
         }),
         scope: PhantomData,
@@ -88,7 +125,9 @@ where
     }
     match result {
         Err(e) => resume_unwind(e),
-        Ok(_) if scope.data.a_fiber_panicked.load(Ordering::Relaxed) => panic!("a scoped fiber panicked"),
+        Ok(_) if scope.data.a_fiber_panicked.load(Ordering::Relaxed) => {
+            scope.data.first_panic.resume("a scoped fiber panicked")
+        }
         Ok(r) => r,
     }
 }

@@ -357,6 +357,57 @@ fn a_long_fiber_whose_queue_another_carrier_drains_is_not_reported() {
     assert!(!stderr.contains("CPU starvation"), "stderr: {stderr}");
 }
 
+/// std's panic hook names the thread, which inside a fiber is its carrier: the runtime's hook
+/// adds a line naming the fiber, then calls the hook that was there (here a user's, which
+/// calls std's), and stays out of the way on plain threads.
+#[test]
+fn a_panic_in_a_fiber_names_the_fiber_and_chains_to_the_previous_hook() {
+    if std::env::var(CHILD).as_deref() == Ok("panic-names") {
+        let std_hook = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            eprintln!("user hook saw a panic at {}", info.location().unwrap());
+            std_hook(info)
+        }));
+        // threadpool's own test_name: a job asks the thread's name and gets the carrier's.
+        let pool = vt::ThreadPool::with_name("named-pool".into(), 1);
+        let name = pool.spawn(|| std::thread::current().name().map(str::to_owned)).join().unwrap();
+        assert!(name.is_some_and(|n| n.starts_with("vt-default")), "the carrier thread");
+        pool.execute(|| panic!("boom in a pool"));
+        pool.join();
+        assert_eq!(pool.panic_count(), 1);
+        let h = vt::Builder::new().name("worker".into()).spawn(|| panic!("boom in a fiber")).unwrap();
+        assert!(h.join().is_err());
+        let plain = std::thread::Builder::new().name("plain".into()).spawn(|| panic!("boom on a thread"));
+        assert!(plain.unwrap().join().is_err());
+        println!("child done");
+        return;
+    }
+    let test = "a_panic_in_a_fiber_names_the_fiber_and_chains_to_the_previous_hook";
+    let (code, _, stderr) = run_child(test, "panic-names");
+    assert_eq!(code, Some(0), "stderr: {stderr}");
+    let named = |name: &str| {
+        stderr.lines().find(|l| l.starts_with("fiber ") && l.contains(&format!(" \"{name}\" (spawned at ")))
+    };
+    let pool_line = named("named-pool").unwrap_or_else(|| panic!("names the pool's fiber: {stderr}"));
+    assert!(pool_line.contains(") panicked on carrier thread 'vt-default-"), "{pool_line}");
+    let worker = named("worker").unwrap_or_else(|| panic!("names the fiber: {stderr}"));
+    assert!(worker.contains("(spawned at tests/diagnostics.rs:"), "names the spawn site: {worker}");
+    // Each fiber's line comes first, then the previous hook's (the user's, then std's).
+    for msg in ["boom in a pool", "boom in a fiber"] {
+        let at = stderr.find(msg).unwrap_or_else(|| panic!("std's hook ran: {stderr}"));
+        let before = &stderr[..at];
+        let ours = before.rfind("panicked on carrier thread").unwrap_or_else(|| panic!("{stderr}"));
+        assert!(before.rfind("user hook saw") > Some(ours), "{stderr}");
+    }
+    assert_eq!(stderr.matches("user hook saw").count(), 3, "chained every time: {stderr}");
+    assert!(stderr.contains("thread 'plain'") && stderr.contains("boom on a thread"), "{stderr}");
+    assert_eq!(
+        stderr.matches("panicked on carrier thread").count(),
+        2,
+        "nothing for a plain thread: {stderr}"
+    );
+}
+
 #[test]
 fn sigquit_prints_the_dump() {
     if std::env::var(CHILD).as_deref() == Ok("sigquit") {

@@ -258,6 +258,83 @@ fn scope_jobs_borrow_and_a_panic_surfaces_at_the_end() {
     assert_eq!(pool.panic_count(), 1);
 }
 
+#[derive(Debug, PartialEq)]
+struct Payload(u32);
+
+/// rayon's scope resumes the first panic's own payload; so do ours (std's panics with a message
+/// of its own). A fiber joined through its handle gives its panic to the joiner instead.
+#[test]
+fn scopes_resume_the_first_panics_own_payload() {
+    let rt = runtime(2);
+    let payload =
+        |r: std::thread::Result<()>| *r.expect_err("the scope panics").downcast::<Payload>().unwrap();
+    let ran = AtomicUsize::new(0);
+    let r = catch_unwind(AssertUnwindSafe(|| {
+        rt.block_on(|| {
+            vt::scope(|s| {
+                s.spawn(|| std::panic::panic_any(Payload(7)));
+                for _ in 0..10 {
+                    s.spawn(|| ran.fetch_add(1, Ordering::Relaxed));
+                }
+            })
+        })
+    }));
+    assert_eq!(payload(r), Payload(7));
+    assert_eq!(ran.load(Ordering::Relaxed), 10, "the other fibers finished first");
+
+    // Several panics: one of theirs comes out, never a message of the runtime's.
+    let r = catch_unwind(AssertUnwindSafe(|| {
+        vt::scope(|s| {
+            for i in 0..4 {
+                s.spawn(move || std::panic::panic_any(Payload(i)));
+            }
+        })
+    }));
+    assert!(payload(r).0 < 4);
+
+    // Joined: the joiner has the payload, and the scope returns normally.
+    let joined = vt::scope(|s| s.spawn(|| std::panic::panic_any(Payload(3))).join());
+    assert_eq!(*joined.unwrap_err().downcast::<Payload>().unwrap(), Payload(3));
+
+    // The caller's own panic wins over its fibers'.
+    let r = catch_unwind(AssertUnwindSafe(|| {
+        vt::scope(|s| {
+            s.spawn(|| std::panic::panic_any(Payload(1)));
+            std::panic::panic_any(Payload(2));
+        })
+    }));
+    assert_eq!(payload(r), Payload(2));
+
+    // A pool's scope too.
+    let pool = vt::ThreadPool::new(2);
+    let r = catch_unwind(AssertUnwindSafe(|| {
+        pool.scope(|s| {
+            s.execute(|| std::panic::panic_any(Payload(9)));
+            s.execute(|| {
+                ran.fetch_add(1, Ordering::Relaxed);
+            });
+        })
+    }));
+    assert_eq!(payload(r), Payload(9));
+    assert_eq!((pool.panic_count(), ran.load(Ordering::Relaxed)), (1, 11));
+}
+
+/// rayon's `s.spawn(|s| ...)` becomes `s.spawn(|| ...)` with the scope captured (the README's
+/// before/after): nested spawns borrow from the caller like rayon's.
+#[test]
+fn rayon_style_nested_spawns_capture_the_scope() {
+    let mut leaves = [0u32; 4];
+    let (a, b) = leaves.split_at_mut(2);
+    vt::scope(|s| {
+        s.spawn(|| {
+            a[0] = 1;
+            s.spawn(|| a[1] = 2);
+        });
+        s.spawn(|| b.iter_mut().for_each(|x| *x = 3));
+    });
+    assert_eq!(leaves, [1, 2, 3, 3]);
+}
+
 #[test]
 fn set_num_threads_raises_and_lowers_the_bound() {
     let rt = runtime(2);
@@ -382,6 +459,35 @@ fn jobs_run_on_the_runtime_the_pool_was_built_on() {
     // Built on a plain thread, pointed at `rt` by the builder.
     let pool = vt::ThreadPoolBuilder::new().num_threads(1).handle(rt.handle()).build();
     assert!(pool.spawn(on_home).join().unwrap());
+}
+
+/// threadpool's own idioms, as its tests write them: names are `String`s, so `"x".into()`
+/// must infer (with `impl Into<String>` it did not: E0283), and the deprecated names stay.
+#[test]
+#[allow(deprecated)]
+fn threadpools_idioms_compile_and_mean_what_they_mean() {
+    let named =
+        |pool: &vt::ThreadPool| pool.spawn(|| vt::current().name().map(str::to_owned)).join().unwrap();
+    let pool = vt::ThreadPool::with_name("w".into(), 2);
+    assert_eq!(named(&pool).as_deref(), Some("w"));
+    assert_eq!(pool.max_count(), 2);
+    let debug = format!("{pool:?}");
+    assert!(debug.contains(r#"name: Some("w")"#), "{debug}");
+
+    let pool = vt::ThreadPoolBuilder::new().thread_name("b".into()).num_threads(3).build();
+    assert_eq!((named(&pool).as_deref(), pool.max_count()), (Some("b"), 3));
+
+    let pool = vt::ThreadPool::new_with_name("old".into(), 1);
+    assert_eq!((named(&pool).as_deref(), pool.max_count()), (Some("old"), 1));
+    pool.set_threads(4);
+    assert_eq!(pool.max_count(), 4);
+
+    // One job per CPU, as threadpool's `default()`; never unbounded, never zero.
+    let pool = vt::ThreadPool::default();
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    assert!((1..=cpus).contains(&pool.max_count()), "{} of {cpus}", pool.max_count());
+    assert!(format!("{pool:?}").contains("name: None"));
+    assert_eq!(named(&pool), None);
 }
 
 #[test]

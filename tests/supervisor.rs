@@ -1,12 +1,16 @@
 //! The supervisor: blocked carriers are detected and compensated, learned locations are
 //! compensated at once, the carrier count stays within bounds and returns to its target.
 
+use std::io::{BufRead, BufReader, Write};
 use std::panic::Location;
-use std::sync::Arc;
+use std::process::{Command, ExitStatus, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, mpsc};
 use std::time::{Duration, Instant};
 
 use virtual_threads as vt;
+
+const CHILD: &str = "VT_SUPERVISOR_TEST_CHILD";
 
 /// Waits until `cond` holds, failing after a generous deadline.
 fn eventually(what: &str, mut cond: impl FnMut() -> bool) {
@@ -147,4 +151,143 @@ fn home_carriers_still_compensate_for_unstarted_fibers() {
     assert_eq!(hs.into_iter().map(|h| h.join().unwrap()).sum::<i32>(), 1225);
     assert!(t.elapsed() < Duration::from_millis(1200), "{:?}", t.elapsed());
     blocker.join().unwrap();
+}
+
+// ---- the bound: every carrier up to max_carriers blocked ----------------------------------
+
+/// A door of std's (a `Mutex` and a `Condvar`): a fiber waiting at it blocks its carrier.
+type Door = Arc<(std::sync::Mutex<bool>, std::sync::Condvar)>;
+
+fn wait_at(door: &Door) {
+    let mut open = door.0.lock().unwrap();
+    while !*open {
+        open = door.1.wait(open).unwrap();
+    }
+}
+
+/// The child's side: four fibers wait at a door, more than the bound of two carriers can hold;
+/// the door opens when the parent writes a line (once it has seen the report).
+fn four_wait_at_a_door(spawn: impl Fn(Door) -> vt::JoinHandle<()>) {
+    let door: Door = Arc::default();
+    let waiting: Vec<_> = (0..4).map(|_| spawn(door.clone())).collect();
+    let mut line = String::new();
+    std::io::stdin().read_line(&mut line).unwrap();
+    *door.0.lock().unwrap() = true;
+    door.1.notify_all();
+    for h in waiting {
+        h.join().unwrap();
+    }
+    println!("child done");
+}
+
+/// Runs `test` in a child copy of this binary with `case` and `env`; once its stderr says
+/// "max_carriers", writes a line to its stdin. Returns its status and stderr.
+fn run_saturated_child(test: &str, case: &str, env: &[(&str, &str)]) -> (ExitStatus, String) {
+    let mut child = Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", test, "--nocapture", "--test-threads=1"])
+        .env(CHILD, case)
+        .envs(env.iter().copied())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("re-exec the test binary");
+    let (tx, rx) = mpsc::channel();
+    let stderr = BufReader::new(child.stderr.take().unwrap());
+    let reader = std::thread::spawn(move || {
+        let mut text = String::new();
+        for line in stderr.lines() {
+            let line = line.unwrap();
+            if line.contains("max_carriers") {
+                let _ = tx.send(());
+            }
+            text += &line;
+            text.push('\n');
+        }
+        text
+    });
+    let reported = rx.recv_timeout(Duration::from_secs(30)).is_ok();
+    if reported {
+        writeln!(child.stdin.take().unwrap(), "go").unwrap();
+    } else {
+        let _ = child.kill();
+    }
+    let status = child.wait().unwrap();
+    let stderr = reader.join().unwrap();
+    assert!(reported, "no report within 30 s: {stderr}");
+    (status, stderr)
+}
+
+/// What any report of a full bound of two carriers must say.
+fn assert_reported_once(status: ExitStatus, stderr: &str) {
+    assert!(status.success(), "{status}: the fibers ran once the door opened: {stderr}");
+    assert_eq!(stderr.matches("(max_carriers)").count(), 1, "reported once: {stderr}");
+    assert!(stderr.contains("all 2 carriers (max_carriers) are blocked"), "{stderr}");
+    assert!(stderr.contains("2 fibers wait to run"), "{stderr}");
+    assert!(stderr.contains("2 at tests/supervisor.rs:"), "names the spawn site: {stderr}");
+    assert!(stderr.contains("VT_MAX_CARRIERS=n") && stderr.contains("max_carriers(n)"), "{stderr}");
+}
+
+/// 300 jobs in a `std::sync::Barrier` of 300 hung in silence under the default bound of 256:
+/// once every carrier up to `max_carriers` is blocked with fibers waiting, the supervisor says
+/// so, once.
+#[test]
+fn every_carrier_up_to_max_carriers_blocked_is_reported_once() {
+    if std::env::var(CHILD).as_deref() == Ok("bound") {
+        let rt = vt::Runtime::builder().carriers(1).max_carriers(2).build().unwrap();
+        four_wait_at_a_door(|door| rt.spawn(move || wait_at(&door)));
+        return;
+    }
+    let (status, stderr) =
+        run_saturated_child("every_carrier_up_to_max_carriers_blocked_is_reported_once", "bound", &[]);
+    assert_reported_once(status, &stderr);
+}
+
+/// The default runtime takes its bounds from the environment: `VT_MAX_CARRIERS` bounds it at 2
+/// carriers (the report says so), and with `VT_STACK_SIZE=1M` a fiber uses 256 KiB of stack
+/// (64 KiB, the default, would overflow and abort).
+#[test]
+fn the_environment_sets_the_default_runtimes_bounds() {
+    if std::env::var(CHILD).as_deref() == Ok("env") {
+        fn deep(n: u32) -> u64 {
+            let frame = std::hint::black_box([n as u8; 4096]);
+            if n == 0 { frame[0] as u64 } else { deep(n - 1) + frame[100] as u64 }
+        }
+        // 64 frames of at least 4 KiB each.
+        assert_eq!(vt::spawn(|| deep(64)).join().unwrap(), (1..=64).sum::<u64>());
+        four_wait_at_a_door(|door| vt::spawn(move || wait_at(&door)));
+        return;
+    }
+    let test = "the_environment_sets_the_default_runtimes_bounds";
+    let env = [("VT_CARRIERS", "1"), ("VT_MAX_CARRIERS", "2"), ("VT_STACK_SIZE", "1M")];
+    let (status, stderr) = run_saturated_child(test, "env", &env);
+    assert_reported_once(status, &stderr);
+}
+
+/// A bad value is an error naming the variable, not a silent default.
+#[test]
+fn a_bad_environment_value_names_the_variable() {
+    if std::env::var(CHILD).as_deref() == Ok("bad-env") {
+        vt::spawn(|| ()).join().unwrap();
+        unreachable!("the default runtime does not start");
+    }
+    let test = "a_bad_environment_value_names_the_variable";
+    for (name, value, says) in [
+        ("VT_MAX_CARRIERS", "lots", r#"VT_MAX_CARRIERS="lots" in the environment is not a number"#),
+        ("VT_STACK_SIZE", "2X", r#"VT_STACK_SIZE="2X" in the environment is not a size"#),
+        ("VT_CARRIERS", "0", "(the environment sets VT_CARRIERS=0)"),
+    ] {
+        let out = Command::new(std::env::current_exe().unwrap())
+            .args(["--exact", test, "--nocapture", "--test-threads=1"])
+            .env(CHILD, "bad-env")
+            .env(name, value)
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{name}={value}: {stderr}");
+        assert!(
+            stderr.contains("cannot start the default virtual-threads runtime") && stderr.contains(says),
+            "{stderr}"
+        );
+    }
 }

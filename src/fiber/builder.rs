@@ -32,6 +32,12 @@ impl Builder {
     }
 
     /// Names the fiber; the name shows in panics' messages, dumps and [`Fiber::name`].
+    ///
+    /// A panic in a fiber prints a line naming the fiber (id, name, spawn site) before the
+    /// message of the panic hook that was set when the first runtime started (std's names the
+    /// thread, which is the carrier: `std::thread::current()` inside a fiber is its carrier
+    /// thread; [`vt::current`](crate::current) is the fiber). A hook set after that replaces
+    /// the runtime's, which then prints nothing.
     pub fn name(mut self, name: String) -> Builder {
         self.name = Some(name);
         self
@@ -230,12 +236,25 @@ unsafe fn fail_start<F: FnOnce() -> T + Send, T: Send>(rec: &FiberRecord, e: io:
     join::complete(rec);
 }
 
+/// Drops a result nobody will take; a panic's payload goes to the fiber's scope, if any, which
+/// resumes the first one it gets (as rayon's scope does). Returns whether it was a panic.
+///
 /// # Safety
 /// The stage holds this fiber's `thread::Result<T>`, and the caller is the only party that
 /// may take it (see `join.rs`).
 unsafe fn drop_result<T>(rec: &FiberRecord) -> bool {
     // SAFETY: see the function's contract.
-    unsafe { rec.take_stage::<std::thread::Result<T>>() }.is_err()
+    match unsafe { rec.take_stage::<std::thread::Result<T>>() } {
+        Ok(_) => false,
+        Err(payload) => {
+            // SAFETY: as the only party to the result, the caller is also the only one to touch
+            // the scope cell until it tells the scope (`join::scope_done`), after this.
+            if let Some(scope) = unsafe { &*rec.scope.get() } {
+                scope.keep_panic(payload);
+            }
+            true
+        }
+    }
 }
 
 /// The fork-yield rule: a fiber that spawns many children in a row yields every `fork_yield`

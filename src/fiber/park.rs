@@ -228,7 +228,10 @@ fn wake_record(r: &FiberRef, wake: Wake) {
     }
 }
 
-/// The calling fiber, or the calling thread when it is not a fiber.
+/// The calling fiber, or the calling thread when it is not a fiber. Inside a fiber,
+/// `std::thread::current()` is the carrier thread that runs it (its name is the carrier's, such
+/// as `vt-carrier-0`); this is the fiber, with the name given to `vt::Builder::name` or
+/// `ThreadPool::with_name`.
 pub fn current() -> Fiber {
     let rec = context::current_fiber();
     if rec.is_null() {

@@ -39,9 +39,9 @@ impl ThreadPoolBuilder {
     }
 
     /// Names the pool's fibers (shown in panics' messages and dumps). Costs an allocation
-    /// per fiber.
-    pub fn thread_name(mut self, name: impl Into<String>) -> ThreadPoolBuilder {
-        self.fiber_name = Some(name.into());
+    /// per fiber. A `String`, as threadpool's, so that `"w".into()` compiles.
+    pub fn thread_name(mut self, name: String) -> ThreadPoolBuilder {
+        self.fiber_name = Some(name);
         self
     }
 

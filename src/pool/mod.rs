@@ -129,10 +129,18 @@ impl ThreadPool {
         ThreadPoolBuilder::new().num_threads(n).build()
     }
 
-    /// Like [`new`](ThreadPool::new), with the pool's fibers named `name`.
+    /// Like [`new`](ThreadPool::new), with the pool's fibers named `name` (shown in panics'
+    /// messages and dumps). A `String`, as threadpool's, so that `"w".into()` compiles.
     #[track_caller]
-    pub fn with_name(name: impl Into<String>, n: usize) -> ThreadPool {
+    pub fn with_name(name: String, n: usize) -> ThreadPool {
         ThreadPoolBuilder::new().num_threads(n).thread_name(name).build()
+    }
+
+    /// threadpool's old name for [`with_name`](ThreadPool::with_name), kept as it keeps it.
+    #[deprecated(since = "1.4.0", note = "use ThreadPool::with_name")]
+    #[track_caller]
+    pub fn new_with_name(name: String, n: usize) -> ThreadPool {
+        ThreadPool::with_name(name, n)
     }
 
     /// A pool that gives every job a fiber of its own at once, like Java's
@@ -146,6 +154,7 @@ impl ThreadPool {
     ///
     /// # Panics
     /// If no fiber stack can be had (the job is dropped).
+    #[track_caller]
     pub fn execute<F>(&self, f: F)
     where
         F: FnOnce() + Send + 'static,
@@ -247,6 +256,22 @@ impl ThreadPool {
         assert!(n > 0, "a ThreadPool needs at least one thread (got 0)");
         self.shared.max.store(n, Ordering::Relaxed);
         self.shared.pump();
+    }
+
+    /// threadpool's old name for [`set_num_threads`](ThreadPool::set_num_threads), kept as it
+    /// keeps it.
+    #[deprecated(since = "1.3.0", note = "use ThreadPool::set_num_threads")]
+    #[track_caller]
+    pub fn set_threads(&self, n: usize) {
+        self.set_num_threads(n)
+    }
+}
+
+impl Default for ThreadPool {
+    /// A pool of one job per CPU this process may use, as threadpool's `default()` (on the
+    /// current runtime).
+    fn default() -> ThreadPool {
+        ThreadPool::new(crate::platform::usable_cpus())
     }
 }
 
@@ -473,6 +498,7 @@ impl Eq for ThreadPool {}
 impl fmt::Debug for ThreadPool {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ThreadPool")
+            .field("name", &self.shared.fiber_name)
             .field("max_count", &self.max_count())
             .field("active_count", &self.active_count())
             .field("queued_count", &self.queued_count())

@@ -13,6 +13,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use super::{Job, Shared, ThreadPool, cancelling};
 use crate::Fiber;
+use crate::scope::FirstPanic;
 
 impl ThreadPool {
     /// Runs `f` with a scope whose jobs may borrow from the caller; returns once every job
@@ -20,7 +21,9 @@ impl ThreadPool {
     /// the pool's bound).
     ///
     /// # Panics
-    /// If `f` panics, or if a job executed in the scope panicked (after all have finished).
+    /// If `f` panics (its panic is resumed), or if a job executed in the scope panicked: then,
+    /// after all have finished, the first job's panic is resumed with its own payload, as
+    /// rayon's scope does.
     ///
     /// ```
     /// use virtual_threads as vt;
@@ -44,6 +47,7 @@ impl ThreadPool {
             state: Arc::new(ScopeState {
                 remaining: AtomicUsize::new(0),
                 panicked: AtomicBool::new(false),
+                first_panic: FirstPanic::default(),
                 waiter: crate::current(),
             }),
             scope: PhantomData,
@@ -62,7 +66,9 @@ impl ThreadPool {
         }
         match r {
             Err(p) => resume_unwind(p),
-            Ok(_) if scope.state.panicked.load(Ordering::Relaxed) => panic!("a scoped pool job panicked"),
+            Ok(_) if scope.state.panicked.load(Ordering::Relaxed) => {
+                scope.state.first_panic.resume("a scoped pool job panicked")
+            }
             Ok(r) => r,
         }
     }
@@ -80,6 +86,7 @@ struct ScopeState {
     /// Jobs executed in the scope whose closure is not yet gone.
     remaining: AtomicUsize,
     panicked: AtomicBool,
+    first_panic: FirstPanic,
     waiter: Fiber,
 }
 
@@ -94,7 +101,7 @@ impl ScopeState {
 
 impl<'scope> PoolScope<'scope, '_> {
     /// Runs `f` on the pool as soon as a slot is free; `f` may borrow anything that outlives
-    /// the scope. A panic in `f` is counted by the pool and makes the scope panic at its end.
+    /// the scope. A panic in `f` is counted by the pool; the scope resumes the first at its end.
     pub fn execute<F>(&'scope self, f: F)
     where
         F: FnOnce() + Send + 'scope,
@@ -134,7 +141,7 @@ impl<F: FnOnce()> ScopedJob<F> {
         let f = self.f.take().expect("a scoped job runs once");
         if let Err(p) = catch_unwind(AssertUnwindSafe(f)) {
             // Counted here, before the scope can end, rather than by the worker.
-            drop(self.pool.count_panic(p));
+            self.state.first_panic.keep(self.pool.count_panic(p));
             self.state.panicked.store(true, Ordering::Relaxed);
         }
     }

@@ -1,5 +1,6 @@
 //! `runtime::Builder`: settings in, a validated `Config` and a started `Runtime` out.
 
+use std::ffi::OsString;
 use std::io;
 use std::time::Duration;
 
@@ -212,6 +213,41 @@ impl Builder {
         Runtime::start(self.config()?)
     }
 
+    /// The settings the process-wide default runtime takes from the environment:
+    /// `VT_CARRIERS`, `VT_MAX_CARRIERS` and `VT_STACK_SIZE` (bytes, or with a `K`, `M` or `G`
+    /// suffix: `1M`). `var` reads one variable (`std::env::var_os`, or a test's table); unset or
+    /// empty ones leave the builder's value. A value that is not a number is `InvalidInput`
+    /// naming the variable; one out of range is caught by `build`, whose error the caller
+    /// completes with [`env_note`].
+    pub(crate) fn with_env(mut self, var: impl Fn(&str) -> Option<OsString>) -> io::Result<Builder> {
+        let read = |name: &str, parse: fn(&str) -> Option<usize>, what: &str| -> io::Result<Option<usize>> {
+            let Some(raw) = var(name) else { return Ok(None) };
+            let text = raw.to_str().map(str::trim).unwrap_or("\u{fffd}");
+            if text.is_empty() {
+                return Ok(None);
+            }
+            parse(text).map(Some).ok_or_else(|| {
+                io::Error::new(
+                    io::ErrorKind::InvalidInput,
+                    format!("{name}={raw:?} in the environment is not {what}"),
+                )
+            })
+        };
+        let count = |t: &str| t.parse().ok();
+        if let Some(n) = read("VT_CARRIERS", count, "a number of carriers")? {
+            self = self.carriers(n);
+        }
+        if let Some(n) = read("VT_MAX_CARRIERS", count, "a number of carriers")? {
+            self = self.max_carriers(n);
+        }
+        if let Some(bytes) =
+            read("VT_STACK_SIZE", parse_size, "a size in bytes (such as 262144, 256K or 1M)")?
+        {
+            self = self.stack_size(bytes);
+        }
+        Ok(self)
+    }
+
     fn config(self) -> io::Result<Config> {
         let invalid = |msg: String| Err(io::Error::new(io::ErrorKind::InvalidInput, msg));
         let carriers = self.carriers.unwrap_or_else(crate::platform::usable_cpus);
@@ -260,6 +296,32 @@ impl Builder {
     }
 }
 
+/// The environment variables of [`Builder::with_env`] that are set, as `NAME=value` pairs, for
+/// an error message: a bound of the default runtime out of range names where it came from.
+pub(crate) fn env_note(var: impl Fn(&str) -> Option<OsString>) -> String {
+    let set: Vec<String> = ["VT_CARRIERS", "VT_MAX_CARRIERS", "VT_STACK_SIZE"]
+        .into_iter()
+        .filter_map(|name| {
+            var(name).filter(|v| !v.is_empty()).map(|v| format!("{name}={}", v.to_string_lossy()))
+        })
+        .collect();
+    if set.is_empty() { String::new() } else { format!(" (the environment sets {})", set.join(", ")) }
+}
+
+/// `262144`, `256K`, `256KiB`, `1M`, `1g`: bytes, or binary kilo-, mega- and gigabytes.
+fn parse_size(text: &str) -> Option<usize> {
+    let digits = text.find(|c: char| !c.is_ascii_digit()).unwrap_or(text.len());
+    let (n, unit) = text.split_at(digits);
+    let shift = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 0,
+        "k" | "kb" | "kib" => 10,
+        "m" | "mb" | "mib" => 20,
+        "g" | "gb" | "gib" => 30,
+        _ => return None,
+    };
+    n.parse::<usize>().ok()?.checked_mul(1 << shift)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -282,5 +344,45 @@ mod tests {
         assert!(compact(None).fiber_roots(false).config().is_ok());
         assert!(compact(Some(Duration::from_nanos(1))).config().is_ok());
         assert!(Builder::new().carriers(3).config().unwrap().max_carriers >= 3);
+    }
+
+    fn env<'a>(vars: &'a [(&str, &str)]) -> impl Fn(&str) -> Option<OsString> + 'a {
+        |name| vars.iter().find(|(k, _)| *k == name).map(|(_, v)| OsString::from(v))
+    }
+
+    #[test]
+    fn the_environment_sets_the_default_runtimes_bounds_and_names_a_bad_value() {
+        let vars = [("VT_CARRIERS", " 3 "), ("VT_MAX_CARRIERS", "9"), ("VT_STACK_SIZE", "256K")];
+        let c = Builder::new().with_env(env(&vars)).unwrap().config().unwrap();
+        assert_eq!((c.carriers, c.max_carriers, c.stack_size), (3, 9, 256 * 1024));
+        // Unset or empty: the builder's own values.
+        let c = Builder::new().carriers(2).with_env(env(&[("VT_CARRIERS", "")])).unwrap().config().unwrap();
+        assert_eq!((c.carriers, c.stack_size), (2, DEFAULT_STACK_SIZE));
+        for (name, value) in
+            [("VT_CARRIERS", "two"), ("VT_MAX_CARRIERS", "-1"), ("VT_STACK_SIZE", "1 parsec")]
+        {
+            let e = Builder::new().with_env(env(&[(name, value)])).unwrap_err();
+            assert_eq!(e.kind(), io::ErrorKind::InvalidInput);
+            assert!(e.to_string().starts_with(&format!("{name}=\"{value}\"")), "{e}");
+        }
+        // In range is `build`'s to check; the note says where the values came from.
+        let vars = [("VT_CARRIERS", "4"), ("VT_MAX_CARRIERS", "2")];
+        let e = Builder::new().with_env(env(&vars)).unwrap().config().unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::InvalidInput);
+        assert_eq!(env_note(env(&vars)), " (the environment sets VT_CARRIERS=4, VT_MAX_CARRIERS=2)");
+        assert_eq!(env_note(env(&[])), "");
+    }
+
+    #[test]
+    fn sizes_take_binary_suffixes() {
+        assert_eq!(parse_size("262144"), Some(262_144));
+        assert_eq!(parse_size("64K"), Some(65_536));
+        assert_eq!(parse_size("64kib"), Some(65_536));
+        assert_eq!(parse_size("1M"), Some(1 << 20));
+        assert_eq!(parse_size("2 MiB"), Some(2 << 20));
+        assert_eq!(parse_size("1G"), Some(1 << 30));
+        for bad in ["", "K", "1.5M", "1T", "-1", "99999999999999999999G"] {
+            assert_eq!(parse_size(bad), None, "{bad}");
+        }
     }
 }

@@ -52,6 +52,7 @@ impl Runtime {
         static RLIMIT: OnceLock<()> = OnceLock::new();
         RLIMIT.get_or_init(crate::platform::raise_nofile_limit);
         crate::fiber::overflow::install_handler();
+        crate::diagnostics::install_panic_hook();
 
         let n = config.carriers;
         let cores =
@@ -360,15 +361,19 @@ fn cancel(f: FiberRef) {
 }
 
 /// The process-wide default runtime, started on first use (by `vt::spawn` and friends called
-/// from a plain thread). `VT_CARRIERS` in the environment sets its carrier count.
+/// from a plain thread). `VT_CARRIERS`, `VT_MAX_CARRIERS` and `VT_STACK_SIZE` in the
+/// environment set its bounds (`Builder::with_env`): its users, from `main`, have no builder.
 pub(crate) fn default_runtime() -> &'static Runtime {
     static DEFAULT: OnceLock<Runtime> = OnceLock::new();
     DEFAULT.get_or_init(|| {
-        let mut b = Builder::new().thread_name("vt-default");
-        if let Some(n) = std::env::var("VT_CARRIERS").ok().and_then(|v| v.trim().parse().ok()) {
-            b = b.carriers(n);
-        }
-        b.build().unwrap_or_else(|e| panic!("cannot start the default virtual-threads runtime: {e}"))
+        let var = |name: &str| std::env::var_os(name);
+        let fail = |e: io::Error, note: String| -> ! {
+            panic!("cannot start the default virtual-threads runtime: {e}{note}")
+        };
+        let b =
+            Builder::new().thread_name("vt-default").with_env(var).unwrap_or_else(|e| fail(e, String::new()));
+        // A bound out of range (`VT_CARRIERS=0`): say which variables were set.
+        b.build().unwrap_or_else(|e| fail(e, builder::env_note(var)))
     })
 }
 

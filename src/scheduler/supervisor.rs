@@ -41,6 +41,10 @@ const SCAVENGE_EVERY: Duration = Duration::from_secs(2);
 /// How soon the next scavenge comes when the last one left due stacks for later (it releases
 /// at most `SCAVENGE_MAX` at a time, so as not to hold the supervisor long).
 const SCAVENGE_AGAIN: Duration = Duration::from_millis(20);
+/// How long every carrier up to `max_carriers` must stay blocked, with fibers waiting and no
+/// carrier switching, before the supervisor says so (`Saturation`): long enough that a burst of
+/// short blocking calls (which keeps the bound full while the carriers still move) says nothing.
+const SATURATED_FOR: Duration = Duration::from_secs(1);
 /// ZIO's rule after its false-positive bug: more than 64 runs at a location, and at least half
 /// of them caught blocking, make it known-blocking.
 const KNOWN_MIN_RUNS: u64 = 64;
@@ -79,6 +83,7 @@ pub(crate) fn run(rt: RuntimeRef) {
     let mut quiet: Option<(u64, usize)> = None;
     let mut compactor = Compactor::new(&rt);
     let mut scavenger = Scavenger { next: Instant::now() + SCAVENGE_EVERY };
+    let mut saturation = Saturation::default();
     while !rt.shutdown.load(Ordering::Acquire) {
         rt.tick_clock();
         let started = rt.started();
@@ -89,6 +94,7 @@ pub(crate) fn run(rt: RuntimeRef) {
                 running += 1;
             }
         }
+        saturation.check(&rt);
         tick += 1;
         if tick % 8 == 0 && rt.detections.load(Ordering::Relaxed) > 0 {
             aggregate(&rt, &mut totals);
@@ -169,6 +175,54 @@ fn sample(rt: &Shared, i: usize, w: &mut Watch, starving: &mut HashSet<usize>) -
         }
     }
     true
+}
+
+/// Compensation's dead end: every carrier up to `max_carriers` is blocked in the OS and fibers
+/// wait to run, so nothing runs until a carrier comes back, maybe never (300 jobs waiting in a
+/// `std::sync::Barrier` of 300 under the default bound of 256). Said once per runtime, after
+/// `SATURATED_FOR` with no carrier switching, so that the user hears why the program stalls.
+#[derive(Default)]
+struct Saturation {
+    /// When the current stretch began, and the carriers' summed progress then.
+    since: Option<(Instant, u64)>,
+    reported: bool,
+}
+
+impl Saturation {
+    fn check(&mut self, rt: &Shared) {
+        if self.reported {
+            return;
+        }
+        let active = rt.active.load(Ordering::Acquire);
+        let saturated = active >= rt.config.max_carriers
+            && rt.blocked.load(Ordering::Acquire) >= active
+            && work_waits(rt);
+        if !saturated {
+            self.since = None;
+            return;
+        }
+        let progress = rt.slots[..rt.started()].iter().map(|s| s.progress.load(Ordering::Relaxed)).sum();
+        match self.since {
+            Some((at, p)) if p == progress => {
+                if at.elapsed() >= SATURATED_FOR {
+                    self.reported = true;
+                    crate::diagnostics::report_saturation(rt);
+                }
+            }
+            // A carrier switched meanwhile: the bound is full but the carriers move.
+            _ => self.since = Some((Instant::now(), progress)),
+        }
+    }
+}
+
+/// Whether a fiber is queued anywhere (injector, deques, LIFO slots, inboxes).
+fn work_waits(rt: &Shared) -> bool {
+    !rt.injector.is_empty()
+        || rt.slots[..rt.started()].iter().any(|s| {
+            !s.stealer.is_empty()
+                || !s.lifo.load(Ordering::Relaxed).is_null()
+                || s.inbox_len.load(Ordering::Relaxed) > 0
+        })
 }
 
 /// What procfs says of a carrier thread (`thread_stat`).
