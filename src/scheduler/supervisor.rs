@@ -221,7 +221,8 @@ fn work_waits(rt: &Shared) -> bool {
         || rt.slots[..rt.started()].iter().any(|s| {
             !s.stealer.is_empty()
                 || !s.lifo.load(Ordering::Relaxed).is_null()
-                || s.inbox_len.load(Ordering::Relaxed) > 0
+                || s.home_len.load(Ordering::Relaxed) > 0
+                || s.inbox.maybe_nonempty()
         })
 }
 
