@@ -21,7 +21,10 @@
 //! 3. W6 (bytes per parked task, each runtime in fresh child processes, so that neither reuses
 //!    the other's freed memory) and W7 (wall time of 10,000 10 ms sleeps against the ideal).
 //!
-//! Every runtime gets one worker per core and the same sizes. Where a peer's shape needed a
+//! Every runtime gets one worker per core and the same sizes. `migrate` is vt itself built with
+//! the `unsafe` opt-in `migrate_started_fibers(true)`: the row the sound default (started
+//! fibers stay on their home carrier) is held to (issue 19: within 5%, W5 at least as fast).
+//! Where a peer's shape needed a
 //! choice, it is the one that measured fastest for that peer:
 //! - vt: one `Runtime` with `carriers = cores`; the op's caller is the fiber `block_on` runs.
 //! - tokio: multi-thread runtime, `worker_threads = cores`; the caller is the `block_on` future
@@ -735,7 +738,15 @@ mod w7 {
     use super::*;
 
     fn vt(p: &Peers) {
-        p.vt.block_on(|| {
+        on(&p.vt);
+    }
+
+    fn migrate(p: &Peers) {
+        on(&p.vt_migrate);
+    }
+
+    fn on(rt: &vt::Runtime) {
+        rt.block_on(|| {
             let tasks: Vec<_> = (0..SLEEPERS).map(|_| vt::spawn(|| vt::sleep(NAP))).collect();
             tasks.into_iter().for_each(|t| t.join().unwrap());
         });
@@ -752,11 +763,11 @@ mod w7 {
 
     pub fn report(p: &Peers) {
         println!("\nW7 sleep_many      n = 10,000 tasks sleep 10 ms; wall time per op, median of {ROUNDS}");
-        let ops: [(&str, Op); 2] = [("vt", vt), ("tokio", tokio)];
+        let ops: [(&str, Op); 3] = [("vt", vt), ("migrate", migrate), ("tokio", tokio)];
         for (which, wall) in ops.iter().zip(interleaved(p, &ops)) {
             let ms = Stats::of(wall.iter().map(|d| d.as_secs_f64() * 1e3).collect());
             println!(
-                "  {:<6} {:>6.2} ms ({:.2} – {:.2})   {:+.2} ms over the 10 ms ideal",
+                "  {:<8} {:>6.2} ms ({:.2} – {:.2})   {:+.2} ms over the 10 ms ideal",
                 which.0,
                 ms.median,
                 ms.min,
