@@ -152,7 +152,7 @@ fn condvar_producer_consumer() {
         not_empty: Condvar::new(),
         not_full: Condvar::new(),
     });
-    let (sum, count) = rt().block_on(|| {
+    let ((s1, n1), p2, c2) = rt().block_on(|| {
         // Two producers (a fiber and a thread), two consumers (likewise); capacity 4.
         let produce = |q: Arc<Queue>, base: usize| {
             move || {
@@ -183,11 +183,13 @@ fn condvar_producer_consumer() {
         let c1 = vt::spawn(consume(q.clone()));
         let c2 = std::thread::spawn(consume(q.clone()));
         p1.join().unwrap();
-        p2.join().unwrap();
-        let (s1, n1) = c1.join().unwrap();
-        let (s2, n2) = c2.join().unwrap();
-        (s1 + s2, n1 + n2)
+        // The threads are joined outside: `std`'s join would block this fiber's carrier, and
+        // the fibers at home there with it (the consumer the producer thread waits for).
+        (c1.join().unwrap(), p2, c2)
     });
+    p2.join().unwrap();
+    let (s2, n2) = c2.join().unwrap();
+    let (sum, count) = (s1 + s2, n1 + n2);
     assert_eq!(count, ITEMS);
     assert_eq!(sum, ITEMS * (ITEMS - 1) / 2);
 }

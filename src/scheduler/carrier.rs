@@ -118,7 +118,8 @@ impl Carrier {
             spill: UnsafeCell::new(Batch::with_capacity(LOCAL_CAP / 2 + 1)),
             ids: Cell::new((0, 0)),
             stock: Cell::new(0),
-            searching: Cell::new(false),
+            // Counted as a searcher since `start_carrier` (`Idle::start_searching`).
+            searching: Cell::new(true),
             current: Cell::new(std::ptr::null()),
             progress: Cell::new(0),
             last_poll: Cell::new(Instant::now()),
@@ -550,6 +551,9 @@ impl Carrier {
             if let Some(f) = self.steal_injector() {
                 return Some(f);
             }
+            if let Some(f) = self.steal_if_lighter() {
+                return Some(f);
+            }
         }
         // One load of a line that only other threads' wakes write: usually empty.
         if self.slot().inbox.maybe_nonempty() {
@@ -568,10 +572,57 @@ impl Carrier {
         if let Some(f) = self.home_pop(true) {
             return Some(f);
         }
+        if self.rt.idle.any_idle() && self.slot().home_len.load(Ordering::Relaxed) > 0 {
+            // Unstarted fibers wait in the deque ahead of the home queue's oldest, and another
+            // carrier is idle: leave them to it. Once started here they could never move, so
+            // a carrier that started every fiber it spawned before the others woke would run
+            // them all (W5 read 85/15 between two carriers). It runs a fiber at home meanwhile
+            // and makes sure an idle carrier looks (a searcher already does: then this is a
+            // fence and a load). When no carrier is idle, arrival order holds as above.
+            self.rt.notify();
+            if let Some(f) = self.home_pop(false) {
+                return Some(f);
+            }
+        }
         if let Some(f) = self.worker.pop() {
             return Some(f);
         }
         self.home_pop(false)
+    }
+
+    /// Fibers at home stay where they started, so a carrier that is never idle (its own
+    /// fibers keep yielding) would never steal, and a busier one would start every fiber it
+    /// spawns: balance is set at start (`arch/decisions/0003-home-carriers.md`). So every
+    /// `GLOBAL_CHECK_INTERVAL` ticks a carrier with no unstarted fibers of its own takes half of
+    /// the unstarted ones of a carrier with more fibers waiting at home than it has. A few
+    /// relaxed loads of other carriers' lines per 61 switches; nothing when migration is on.
+    #[cold]
+    #[inline(never)]
+    fn steal_if_lighter(&self) -> Option<FiberRef> {
+        let rt = &self.rt;
+        let n = rt.started();
+        if n == 1 || rt.config.migrate_started_fibers || self.worker.len() > 0 {
+            return None;
+        }
+        let mine = self.slot().home_len.load(Ordering::Relaxed);
+        let start = self.next_rand() as usize % n;
+        for k in 0..n.min(4) {
+            let victim = (start + k) % n;
+            let vslot = &rt.slots[victim];
+            if victim == self.index
+                || vslot.home_len.load(Ordering::Relaxed) <= mine + 1
+                || vslot.stealer.is_empty()
+            {
+                continue;
+            }
+            let before = self.worker.len();
+            if let Some(f) = vslot.stealer.steal_into(&self.worker, LOCAL_CAP / 2) {
+                let got = 1 + self.worker.len().saturating_sub(before) as u64;
+                bump(&self.slot().stats.steals, got);
+                return Some(f);
+            }
+        }
+        None
     }
 
     /// A batch from the injector into the local deque, counted.
@@ -607,7 +658,15 @@ impl Carrier {
             }
         }
         let n = self.rt.started();
-        if n == 1 || !(self.searching.get() || self.rt.idle.try_search()) {
+        // A runtime of one carrier has no one to steal from. One of several whose others have
+        // not started yet still counts itself as searching: a carrier that is neither searching
+        // nor asleep looks busy, and a busy carrier with fibers queued starts them all itself
+        // (`next_local`), where they would stay (found when a second carrier started late).
+        if (n == 1 && self.rt.target == 1) || !(self.searching.get() || self.rt.idle.try_search()) {
+            return None;
+        }
+        if n == 1 {
+            self.searching.set(true);
             return None;
         }
         self.searching.set(true);

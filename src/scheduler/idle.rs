@@ -119,6 +119,20 @@ impl Idle {
         true
     }
 
+    /// A carrier thread about to start counts as searching from the moment it is spawned
+    /// (`Shared::start_carrier`): until its loop runs it is neither busy nor asleep, and a busy
+    /// carrier that saw no idle one would start every fiber it spawned itself, where they would
+    /// stay (`Carrier::next_local`). Its first search ends it as any search does.
+    pub(crate) fn start_searching(&self) {
+        self.counts.fetch_add(1, Ordering::SeqCst);
+    }
+
+    /// Whether some carrier is idle (searching or asleep): a hint, read without a fence.
+    #[inline]
+    pub(crate) fn any_idle(&self) -> bool {
+        self.counts.load(Ordering::Relaxed) != 0
+    }
+
     /// Carriers sleeping now.
     pub(crate) fn sleeping_count(&self) -> usize {
         self.counts.load(Ordering::SeqCst) / SLEEPER

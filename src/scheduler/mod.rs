@@ -310,6 +310,9 @@ impl Shared {
         let name = format!("{}-{i}", self.config.thread_name);
         self.active.fetch_add(1, Ordering::AcqRel);
         self.started.fetch_max(i + 1, Ordering::AcqRel);
+        // Counted as a searcher until its loop runs (`Idle::start_searching`); `Carrier::run`
+        // starts with `searching` set, so its first search or sleep ends it.
+        self.idle.start_searching();
         let spawned = std::thread::Builder::new().name(name).spawn(move || {
             if let Some(core) = core {
                 // Not fatal: a carrier that cannot be pinned still runs fibers.
@@ -331,6 +334,7 @@ impl Shared {
             }
             Err(e) => {
                 self.active.fetch_sub(1, Ordering::AcqRel);
+                self.idle.stop_search();
                 Err(e)
             }
         }
