@@ -715,11 +715,14 @@ impl<T> Chan<T> {
                     if let Some(msg) = synced.timer.as_mut().and_then(Timer::fire) {
                         return Ok((msg, Wake(WakeKind::None)));
                     }
-                    return Err(if synced.senders_gone {
-                        TryRecvError::Disconnected
-                    } else {
-                        TryRecvError::Empty
-                    });
+                    if synced.senders_gone {
+                        return Err(TryRecvError::Disconnected);
+                    }
+                    // A receiver is here, even if only polling: a select waiting to send here
+                    // makes its message and offers it in a send slot, so that a `try_recv`
+                    // loop on a rendezvous channel meets it.
+                    notify(&mut synced.send_watchers, None);
+                    return Err(TryRecvError::Empty);
                 }
             },
         };
@@ -1106,6 +1109,40 @@ mod loom_tests {
             let got = rx.recv_timeout(LONG);
             let sent = sender.join().unwrap();
             assert_eq!(got.is_ok(), sent, "got {got:?}, sent {sent}");
+        });
+    }
+
+    /// A `select!` send arm waits as a watcher (its message not made yet) while a blocking
+    /// receiver arrives: the receiver's arrival wakes it, it makes the message and hands it
+    /// over; neither parks for good, the message arrives once.
+    #[test]
+    fn lazy_select_send_meets_blocking_recv() {
+        ::loom::model(|| {
+            let (tx, rx) = bounded::<u32>(0);
+            let (_idle_tx, idle) = bounded::<u32>(0);
+            let sender = ::loom::thread::spawn(move || {
+                crate::select! {
+                    send(tx, 7) -> r => r.is_ok(),
+                    recv(idle) -> _ => false,
+                }
+            });
+            assert_eq!(rx.recv(), Ok(7));
+            assert!(sender.join().unwrap());
+        });
+    }
+
+    /// The dynamic `Select::ready` waits as a watcher for a receive while a sender buffers a
+    /// message: the wake-up is not lost.
+    #[test]
+    fn select_ready_meets_send() {
+        ::loom::model(|| {
+            let (tx, rx) = bounded::<u32>(1);
+            let sender = ::loom::thread::spawn(move || tx.send(7).unwrap());
+            let mut sel = crate::channel::Select::new();
+            sel.recv(&rx);
+            assert_eq!(sel.ready(), 0);
+            sender.join().unwrap();
+            assert_eq!(rx.recv(), Ok(7));
         });
     }
 

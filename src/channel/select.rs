@@ -8,9 +8,10 @@
 //! - a **send** whose message is known registers a send slot carrying it;
 //! - a **watch** (a send arm before its message is evaluated, the dynamic `Select`'s send
 //!   operations, `ready()`) registers a watcher that is only ever *woken*: the channel may have
-//!   become ready, look again. Once chosen, a lazy send arm evaluates its message outside
-//!   every lock and sends it; if the room went meanwhile it keeps the message and becomes a
-//!   send arm of the second kind.
+//!   become ready, look again. A send arm chosen before its message exists ends the run; the
+//!   macro then evaluates the message (outside every lock, in the caller's own code) and sends
+//!   it without waiting; if the room went meanwhile the arm keeps the message and the macro
+//!   runs the select again, the arm now a send arm of the second kind.
 //!
 //! Steps, with one `Waiter` shared by every arm (`arch/sync.md` has the proof sketch):
 //! 1. Try each arm without registering; the first that can complete does.
@@ -71,7 +72,8 @@ pub(crate) enum Poll {
     Pending,
     /// Claimed the waiter and completed the operation.
     Done,
-    /// Claimed the waiter; the operation completes outside the lock (`finish_chosen`).
+    /// Claimed the waiter (step 2) or found the channel ready (step 1); the caller completes
+    /// the operation once the run returns.
     Chosen,
     /// The waiter was already granted or woken through an earlier arm.
     Preempted,
@@ -81,8 +83,9 @@ pub(crate) enum Poll {
 }
 
 pub(crate) trait ArmOps {
-    /// Step 1: completes the operation if it can without waiting.
-    fn try_now(&mut self) -> bool;
+    /// Step 1: completes (`Done`) or chooses (`Chosen`) the operation if it can without
+    /// waiting; `Pending` if it cannot.
+    fn try_now(&mut self) -> Poll;
     /// Step 2.
     fn try_or_register(&mut self, waiter: &Arc<Waiter>, op: usize) -> Poll;
     /// Step 4.
@@ -93,10 +96,10 @@ pub(crate) trait ArmOps {
     /// on what the counterpart left (a received message) so that nothing is lost. Runs during
     /// unwinding: must not park or panic.
     fn abandon_granted(&mut self);
-    /// After `Poll::Chosen`, with no lock held: completes the operation; false if it could
-    /// not complete after all (go round again).
-    fn finish_chosen(&mut self) -> bool {
-        true
+    /// The waiter was woken through this arm. True: the arm is chosen (a watcher: its channel
+    /// may be ready, or a receiver showed up); false: go round again.
+    fn on_woken(&mut self) -> bool {
+        false
     }
     /// After `Poll::Pending`: when the arm becomes ready by itself (a timer channel).
     fn ready_at(&self) -> Option<Instant> {
@@ -124,8 +127,8 @@ impl ArmList for [Arm<'_>] {
 pub(crate) struct NeverArm;
 
 impl ArmOps for NeverArm {
-    fn try_now(&mut self) -> bool {
-        false
+    fn try_now(&mut self) -> Poll {
+        Poll::Pending
     }
     fn try_or_register(&mut self, _: &Arc<Waiter>, _: usize) -> Poll {
         Poll::Pending
@@ -146,11 +149,12 @@ pub struct RecvArm<'a, T> {
     result: Option<Result<T, RecvError>>,
 }
 
-/// A `send(tx, msg) -> res` arm; `F` makes the message once the arm is chosen.
-pub struct SendArm<'a, T, F> {
+/// A `send(tx, msg) -> res` arm, whose message is given once the arm is chosen.
+pub struct SendArm<'a, T> {
     chan: &'a Chan<T>,
-    make: Option<F>,
     msg: Option<T>,
+    /// Chosen before its message was made: the caller makes it and calls `send_made`.
+    wants_message: bool,
     slot: Option<Arc<Slot<T>>>,
     watching: bool,
     result: Option<Result<(), SendError<T>>>,
@@ -190,11 +194,31 @@ impl<'a, T> RecvArm<'a, T> {
     }
 }
 
-impl<'a, T, F: FnOnce() -> T> SendArm<'a, T, F> {
-    /// An arm sending the message `make` returns on `tx`; `make` runs only if the arm is
-    /// chosen.
-    pub fn new(tx: &'a Sender<T>, make: F) -> Self {
-        SendArm { chan: tx.chan(), make: Some(make), msg: None, slot: None, watching: false, result: None }
+impl<'a, T> SendArm<'a, T> {
+    /// An arm sending on `tx`; its message is made only if it is chosen.
+    pub fn new(tx: &'a Sender<T>) -> Self {
+        SendArm {
+            chan: tx.chan(),
+            msg: None,
+            wants_message: false,
+            slot: None,
+            watching: false,
+            result: None,
+        }
+    }
+
+    /// Whether the run chose this arm before its message was made.
+    pub fn wants_message(&self) -> bool {
+        self.wants_message
+    }
+
+    /// Sends the message made for this chosen arm, without waiting. False if the room (or the
+    /// receiver) it was chosen for went meanwhile: the arm keeps the message, and the select
+    /// must run again.
+    pub fn send_made(&mut self, msg: T) -> bool {
+        self.wants_message = false;
+        self.msg = Some(msg);
+        self.send_now()
     }
 
     /// The arm, type-erased for [`run`].
@@ -207,17 +231,9 @@ impl<'a, T, F: FnOnce() -> T> SendArm<'a, T, F> {
         self.result
     }
 
-    /// Makes the message if it is not made yet.
-    fn message(&mut self) -> T {
-        match self.msg.take() {
-            Some(msg) => msg,
-            None => (self.make.take().expect("a send arm's message is made once"))(),
-        }
-    }
-
     /// Sends the message without waiting; false (keeping it) if there is no room.
     fn send_now(&mut self) -> bool {
-        let msg = self.message();
+        let msg = self.msg.take().expect("a made message");
         match self.chan.try_send(msg) {
             Ok(()) => self.result = Some(Ok(())),
             Err(TrySendError::Disconnected(msg)) => self.result = Some(Err(SendError(msg))),
@@ -242,20 +258,20 @@ impl<T> std::fmt::Debug for RecvArm<'_, T> {
     }
 }
 
-impl<T, F> std::fmt::Debug for SendArm<'_, T, F> {
+impl<T> std::fmt::Debug for SendArm<'_, T> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("SendArm").finish_non_exhaustive()
     }
 }
 
 impl<T> ArmOps for RecvArm<'_, T> {
-    fn try_now(&mut self) -> bool {
+    fn try_now(&mut self) -> Poll {
         match self.chan.try_recv() {
             Ok(msg) => self.result = Some(Ok(msg)),
             Err(TryRecvError::Disconnected) => self.result = Some(Err(RecvError)),
-            Err(TryRecvError::Empty) => return false,
+            Err(TryRecvError::Empty) => return Poll::Pending,
         }
-        true
+        Poll::Done
     }
 
     fn try_or_register(&mut self, waiter: &Arc<Waiter>, op: usize) -> Poll {
@@ -313,12 +329,17 @@ impl<T> ArmOps for RecvArm<'_, T> {
     }
 }
 
-impl<T, F: FnOnce() -> T> ArmOps for SendArm<'_, T, F> {
-    fn try_now(&mut self) -> bool {
-        if self.msg.is_none() && !self.chan.with_lock(|locked| locked.send_ready(None)) {
-            return false;
+impl<T> ArmOps for SendArm<'_, T> {
+    fn try_now(&mut self) -> Poll {
+        if self.msg.is_some() {
+            return if self.send_now() { Poll::Done } else { Poll::Pending };
         }
-        self.send_now()
+        if self.chan.with_lock(|locked| locked.send_ready(None)) {
+            self.wants_message = true;
+            Poll::Chosen
+        } else {
+            Poll::Pending
+        }
     }
 
     fn try_or_register(&mut self, waiter: &Arc<Waiter>, op: usize) -> Poll {
@@ -333,6 +354,7 @@ impl<T, F: FnOnce() -> T> ArmOps for SendArm<'_, T, F> {
                 } else if waiter.cancel().is_err() {
                     Poll::Preempted
                 } else {
+                    self.wants_message = true;
                     Poll::Chosen
                 }
             });
@@ -393,15 +415,22 @@ impl<T, F: FnOnce() -> T> ArmOps for SendArm<'_, T, F> {
         // A receiver took the message: nothing of ours is left to hand on.
     }
 
-    fn finish_chosen(&mut self) -> bool {
-        self.send_now()
+    fn on_woken(&mut self) -> bool {
+        // Woken as a watcher (no message yet): a receiver came, polling or waiting, room
+        // appeared, or the receivers left. Make the message now and try it; if that fails it
+        // waits in a send slot, where any receiver finds it.
+        self.wants_message = self.msg.is_none();
+        self.wants_message
     }
 }
 
 impl<T> ArmOps for WatchArm<'_, T> {
-    fn try_now(&mut self) -> bool {
+    fn try_now(&mut self) -> Poll {
         let send = self.send;
-        self.chan.with_lock(|locked| if send { locked.send_ready(None) } else { locked.recv_ready(None) })
+        let ready = self
+            .chan
+            .with_lock(|locked| if send { locked.send_ready(None) } else { locked.recv_ready(None) });
+        if ready { Poll::Done } else { Poll::Pending }
     }
 
     fn try_or_register(&mut self, waiter: &Arc<Waiter>, op: usize) -> Poll {
@@ -434,6 +463,13 @@ impl<T> ArmOps for WatchArm<'_, T> {
 
     fn abandon_granted(&mut self) {}
 
+    fn on_woken(&mut self) -> bool {
+        // Possibly ready (`ready()` may return spuriously, as crossbeam's does). A send woken
+        // by a polling receiver is ready only once its sender offers a message: the caller's
+        // `SelectedOperation::send` does, and the poller takes it.
+        true
+    }
+
     fn ready_at(&self) -> Option<Instant> {
         self.wake_at
     }
@@ -452,7 +488,7 @@ pub(crate) fn run_list<L: ArmList + ?Sized>(arms: &mut L, deadline: Deadline, bi
     }
     let order = Order::new(n, biased);
     for i in order.iter() {
-        if arms.get(i).try_now() {
+        if !matches!(arms.get(i).try_now(), Poll::Pending) {
             return Some(i);
         }
     }
@@ -500,19 +536,23 @@ pub(crate) fn run_list<L: ArmList + ?Sized>(arms: &mut L, deadline: Deadline, bi
         for i in 0..n {
             arms.get(i).unregister(&waiter);
         }
-        match (polled, chosen) {
-            (Poll::Done, Some(i)) => return Some(i),
-            (Poll::Chosen, Some(i)) if arms.get(i).finish_chosen() => return Some(i),
-            _ => {}
+        if let Some(i) = chosen {
+            return Some(i);
         }
         match outcome {
             Some(Outcome::Granted(i)) => {
                 arms.get(i).complete_granted();
                 return Some(i);
             }
-            // Woken: a channel disconnected or a watched one changed, so go round again
-            // (an arm that is ready now completes before the deadline is looked at).
-            Some(Outcome::Woken(_)) => continue,
+            // Woken through a watcher: that arm is chosen. Otherwise a channel disconnected,
+            // so go round again (an arm that is ready now completes before the deadline is
+            // looked at).
+            Some(Outcome::Woken(i)) => {
+                if arms.get(i).on_woken() {
+                    return Some(i);
+                }
+                continue;
+            }
             // The deadline, or a timer channel's firing (then go round again).
             Some(Outcome::TimedOut) => {}
             // A race undid the readiness we saw.
@@ -618,8 +658,8 @@ impl Rng {
 ///
 /// As crossbeam-channel's macro: channel operands may be any expression (temporaries
 /// included), evaluated once, in order, on entry; a send arm's message is evaluated only if
-/// that arm is chosen (in a closure, so `?` or `return` inside it refer to that closure); among
-/// the ready arms one is chosen uniformly at random (the arms are tried in a fresh random
+/// that arm is chosen, at most once (if the room it was chosen for is taken before the message
+/// is made, the arm keeps it and waits like any other); among the ready arms one is chosen uniformly at random (the arms are tried in a fresh random
 /// order; [`select_biased!`](crate::select_biased) tries them in order). A disconnected
 /// channel's arm is ready (it completes with `Err`). Without `default` it parks until an
 /// operation completes; with `default(timeout)` it returns by the timeout whatever the arms
@@ -753,17 +793,26 @@ macro_rules! __vt_select {
         // Bound with `let x = &expr;`, so that a temporary operand lives to the end of the
         // block (temporary lifetime extension); evaluated in order, once.
         $( let $id = &$chan; )*
-        $( let mut $id = $crate::__vt_select!(@new $kind $id [$($m)?]); )*
-        $crate::channel::select::run(
-            &mut [$($id.arm()),*],
-            $crate::__vt_select!(@deadline $def),
-            $b,
-        );
+        $( let mut $id = $crate::__vt_select!(@new $kind $id); )*
+        let __vt_deadline = $crate::__vt_select!(@deadline $def);
+        loop {
+            $crate::channel::select::run(&mut [$($id.arm()),*], __vt_deadline, $b);
+            // A send arm chosen before its message existed: make it here, in the caller's
+            // code, and send it; if its room went meanwhile, run again with it.
+            $( $crate::__vt_select!(@make $kind $id [$($m)?]); )*
+            break;
+        }
         $( let $id = $id.into_result(); )*
         $crate::__vt_select!(@dispatch [$(($id $p => $body))*] $def)
     }};
-    (@new recv $chan:ident []) => { $crate::channel::select::RecvArm::new($chan) };
-    (@new send $chan:ident [$m:expr]) => { $crate::channel::select::SendArm::new($chan, || $m) };
+    (@new recv $chan:ident) => { $crate::channel::select::RecvArm::new($chan) };
+    (@new send $chan:ident) => { $crate::channel::select::SendArm::new($chan) };
+    (@make recv $id:ident []) => {};
+    (@make send $id:ident [$m:expr]) => {
+        if $id.wants_message() && !$id.send_made($m) {
+            continue;
+        }
+    };
     (@deadline []) => { $crate::channel::select::Deadline::Never };
     (@deadline [($deadline:expr) $body:block]) => { $deadline };
     (@dispatch [($id:ident $p:pat => $body:block) $($rest:tt)*] $def:tt) => {

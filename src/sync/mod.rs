@@ -1,4 +1,5 @@
-//! Fiber-aware synchronisation: std's `Mutex`, `RwLock`, `Condvar`, `OnceLock` and `Barrier`,
+//! Fiber-aware synchronisation: std's `Mutex`, `RwLock`, `Condvar`, `Once`, `OnceLock`, `LazyLock`
+//! and `Barrier`,
 //! plus `Semaphore` and crossbeam's `WaitGroup`, whose waiters park their *fiber* (or, called
 //! from a plain OS thread, that thread), so the same code works in both.
 //!
@@ -16,6 +17,7 @@ mod barrier;
 mod condvar;
 pub(crate) mod loom;
 mod mutex;
+mod once;
 mod once_lock;
 mod poison;
 mod rw_lock;
@@ -26,6 +28,7 @@ pub(crate) mod wait_list;
 pub use barrier::{Barrier, BarrierWaitResult};
 pub use condvar::{Condvar, WaitTimeoutResult};
 pub use mutex::{Mutex, MutexGuard};
+pub use once::{LazyLock, Once, OnceState};
 pub use once_lock::OnceLock;
 pub use rw_lock::{RwLock, RwLockReadGuard, RwLockWriteGuard};
 pub use semaphore::{Semaphore, SemaphorePermit};
