@@ -19,10 +19,12 @@
 //! proof sketch.
 //!
 //! Differences from crossbeam-channel that stay:
-//! - Messages still buffered when the last `Receiver` goes are dropped then; a message
-//!   destructor that panics there aborts the process (as a panic in a destructor run while a
-//!   `Vec` drops its elements during unwinding does), since the drop runs inside the runtime's
-//!   disconnection and must not leave the channel half-disconnected.
+//! - Messages still buffered when the last `Receiver` goes are dropped in that `drop`, after the
+//!   channel is disconnected (so it is never left half-disconnected). A message destructor
+//!   that panics there propagates out of the receiver's `drop`; the remaining messages are
+//!   still dropped, and a second destructor that panics meanwhile aborts the process, as with
+//!   a `Vec`'s elements (checked with a scratch probe: one panicking message is caught by a
+//!   `catch_unwind` around the drop, two abort).
 //! - Scheduling is cooperative: a fiber that busy-waits on `try_recv`/`try_send` in a loop
 //!   without a switch point (`vt::yield_now`, any blocking call) keeps its carrier from running
 //!   anything else, including the fiber that would make it ready; the CPU-starvation warning

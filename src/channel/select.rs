@@ -658,8 +658,9 @@ impl Rng {
 ///
 /// As crossbeam-channel's macro: channel operands may be any expression (temporaries
 /// included), evaluated once, in order, on entry; a send arm's message is evaluated only if
-/// that arm is chosen, at most once (if the room it was chosen for is taken before the message
-/// is made, the arm keeps it and waits like any other); among the ready arms one is chosen uniformly at random (the arms are tried in a fresh random
+/// that arm is chosen, at most once (if the room or the receiver it was chosen for is gone
+/// before the message is sent, the arm keeps it and waits like any other, and the message is
+/// dropped if another arm then completes); among the ready arms one is chosen uniformly at random (the arms are tried in a fresh random
 /// order; [`select_biased!`](crate::select_biased) tries them in order). A disconnected
 /// channel's arm is ready (it completes with `Err`). Without `default` it parks until an
 /// operation completes; with `default(timeout)` it returns by the timeout whatever the arms

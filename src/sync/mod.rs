@@ -12,6 +12,11 @@
 //! `arch/sync.md`.
 //!
 //! Poisoning, `LockResult`, `TryLockError` and `PoisonError` are std's own types.
+//!
+//! A difference from std that stays: scheduling is cooperative, so a fiber that spins on
+//! `try_lock` (or any busy-wait) without a switch point keeps its carrier from running the
+//! fiber that would release it; the CPU-starvation warning names such a fiber. Block instead,
+//! or put `vt::yield_now()` in the loop.
 
 mod barrier;
 mod condvar;
