@@ -96,14 +96,14 @@ fn send_message_evaluated_only_when_chosen() {
         // Counted: of two ready send arms exactly one message is made, 1,000 times over.
         let (s1, r1) = channel::unbounded::<u32>();
         let (s2, r2) = channel::unbounded::<u32>();
-        let mut made = 0;
+        let made = std::cell::Cell::new(0);
         for _ in 0..1000 {
             vt::select! {
-                send(s1, { made += 1; 1 }) -> res => res.unwrap(),
-                send(s2, { made += 1; 2 }) -> res => res.unwrap(),
+                send(s1, { made.set(made.get() + 1); 1 }) -> res => res.unwrap(),
+                send(s2, { made.set(made.get() + 1); 2 }) -> res => res.unwrap(),
             }
         }
-        assert_eq!(made, 1000);
+        assert_eq!(made.get(), 1000);
         assert_eq!(r1.try_iter().count() + r2.try_iter().count(), 1000);
     });
 }
@@ -449,5 +449,255 @@ fn polling_receiver_meets_waiting_select_send() {
         }
         drop(s);
         assert_eq!(poller.join().unwrap(), (0..N).collect::<Vec<_>>());
+    });
+}
+
+// ---- a representative subset of crossbeam-channel's select tests, rewritten onto vt; each
+// body runs in fibers of a 2-carrier runtime (some with plain threads mixed in) ----
+
+/// Runs `f(i)` for `i` in `0..n`, even `i` on fibers, odd on plain threads, and joins them.
+fn spawn_mixed<F: Fn(usize) + Send + Sync + 'static>(n: usize, f: F) {
+    let f = std::sync::Arc::new(f);
+    let joins: Vec<Box<dyn FnOnce()>> = (0..n)
+        .map(|i| {
+            let f = f.clone();
+            if i % 2 == 0 {
+                let h = vt::spawn(move || f(i));
+                Box::new(move || h.join().unwrap()) as Box<dyn FnOnce()>
+            } else {
+                let h = std::thread::spawn(move || f(i));
+                Box::new(move || h.join().unwrap()) as Box<dyn FnOnce()>
+            }
+        })
+        .collect();
+    joins.into_iter().for_each(|join| join());
+}
+
+/// crossbeam `smoke1`/`smoke2`: the ready one of several arms completes.
+#[test]
+fn cb_smoke() {
+    rt().block_on(|| {
+        let (s1, r1) = channel::unbounded::<usize>();
+        let (s2, r2) = channel::unbounded::<usize>();
+        s1.send(1).unwrap();
+        vt::select! {
+            recv(r1) -> v => assert_eq!(v, Ok(1)),
+            recv(r2) -> _ => panic!(),
+        }
+        s2.send(2).unwrap();
+        vt::select! {
+            recv(r1) -> _ => panic!(),
+            recv(r2) -> v => assert_eq!(v, Ok(2)),
+        }
+        let rs: Vec<_> = (0..5).map(|_| channel::unbounded::<usize>()).collect();
+        rs[4].0.send(4).unwrap();
+        vt::select! {
+            recv(rs[0].1) -> _ => panic!(),
+            recv(rs[1].1) -> _ => panic!(),
+            recv(rs[2].1) -> _ => panic!(),
+            recv(rs[3].1) -> _ => panic!(),
+            recv(rs[4].1) -> v => assert_eq!(v, Ok(4)),
+        }
+    });
+}
+
+/// crossbeam `disconnected`: a disconnected channel's arm is ready, also while waiting.
+#[test]
+fn cb_disconnected() {
+    rt().block_on(|| {
+        let (s1, r1) = channel::unbounded::<i32>();
+        let (s2, r2) = channel::unbounded::<i32>();
+        drop(s1);
+        vt::select! {
+            recv(r1) -> v => assert!(v.is_err()),
+            recv(r2) -> _ => panic!(),
+            default(Duration::from_secs(5)) => panic!(),
+        }
+        r2.try_recv().unwrap_err();
+        let h = vt::spawn(move || {
+            vt::sleep(Duration::from_millis(20));
+            drop(s2);
+        });
+        vt::select! {
+            recv(r2) -> v => assert!(v.is_err()),
+            default(Duration::from_secs(5)) => panic!(),
+        }
+        h.join().unwrap();
+    });
+}
+
+/// crossbeam `unblocks`: a waiting select completes when a counterpart comes, receive or send.
+#[test]
+fn cb_unblocks() {
+    rt().block_on(|| {
+        let (s1, r1) = channel::bounded::<i32>(0);
+        let (_s2, r2) = channel::bounded::<i32>(0);
+        let h = vt::spawn(move || {
+            vt::sleep(Duration::from_millis(20));
+            s1.send(2).unwrap();
+        });
+        vt::select! {
+            recv(r1) -> v => assert_eq!(v, Ok(2)),
+            recv(r2) -> _ => panic!(),
+            default(Duration::from_secs(5)) => panic!(),
+        }
+        h.join().unwrap();
+        let (s1, r1) = channel::bounded::<i32>(0);
+        let (s2, _r2) = channel::bounded::<i32>(0);
+        let h = vt::spawn(move || {
+            vt::sleep(Duration::from_millis(20));
+            assert_eq!(r1.recv(), Ok(1));
+        });
+        vt::select! {
+            send(s1, 1) -> _ => {},
+            send(s2, 2) -> _ => panic!(),
+            default(Duration::from_secs(5)) => panic!(),
+        }
+        h.join().unwrap();
+    });
+}
+
+/// crossbeam `both_ready`: a select sending on a rendezvous channel and one receiving on it
+/// meet, each in its own fiber.
+#[test]
+fn cb_both_ready() {
+    rt().block_on(|| {
+        let (s1, r1) = channel::bounded::<i32>(0);
+        let (s2, r2) = channel::bounded::<i32>(0);
+        let h = vt::spawn(move || {
+            vt::sleep(Duration::from_millis(20));
+            s1.send(1).unwrap();
+            assert_eq!(r2.recv(), Ok(2));
+        });
+        for _ in 0..2 {
+            vt::select! {
+                recv(r1) -> v => assert_eq!(v, Ok(1)),
+                send(s2, 2) -> _ => {},
+            }
+        }
+        h.join().unwrap();
+    });
+}
+
+/// crossbeam `matching` and `matching_with_leftover`: selects that each both send and receive
+/// on one rendezvous channel pair up with each other (never with themselves); with an odd
+/// count, a plain send takes the leftover.
+#[test]
+fn cb_matching() {
+    for threads in [44usize, 55] {
+        rt().block_on(move || {
+            let (s, r) = channel::bounded::<usize>(0);
+            let (s2, r2) = (s.clone(), r.clone());
+            let h = vt::spawn(move || {
+                spawn_mixed(threads, move |i| {
+                    vt::select! {
+                        recv(r2) -> v => assert_ne!(v.unwrap(), i),
+                        send(s2, i) -> _ => {},
+                    }
+                })
+            });
+            if threads % 2 == 1 {
+                s.send(!0).unwrap();
+            }
+            h.join().unwrap();
+            assert_eq!(r.try_recv(), Err(channel::TryRecvError::Empty));
+        });
+    }
+}
+
+/// crossbeam `channel_through_channel`: channels sent through channels, received with select.
+#[test]
+fn cb_channel_through_channel() {
+    rt().block_on(|| {
+        const COUNT: usize = 1000;
+        type T = Box<dyn std::any::Any + Send>;
+        for cap in [0, 1, 2] {
+            let (s, r) = channel::bounded::<T>(cap);
+            let h = vt::spawn(move || {
+                let mut s = s;
+                for _ in 0..COUNT {
+                    let (new_s, new_r) = channel::bounded::<T>(cap);
+                    let new_r: T = Box::new(Some(new_r));
+                    vt::select! { send(s, new_r) -> _ => {} }
+                    s = new_s;
+                }
+            });
+            let mut r = r;
+            for _ in 0..COUNT {
+                r = vt::select! {
+                    recv(r) -> msg => msg.unwrap()
+                        .downcast_mut::<Option<channel::Receiver<T>>>()
+                        .unwrap()
+                        .take()
+                        .unwrap(),
+                };
+            }
+            h.join().unwrap();
+        }
+    });
+}
+
+/// crossbeam `stress_mixed`-like: one side selects over a send and a receive, the other side
+/// does plain operations; every message arrives, in order, once.
+#[test]
+fn cb_stress_mixed() {
+    rt().block_on(|| {
+        const COUNT: usize = 10_000;
+        let (s1, r1) = channel::bounded::<usize>(0);
+        let (s2, r2) = channel::bounded::<usize>(0);
+        let h = vt::spawn(move || {
+            for i in 0..COUNT {
+                s1.send(i).unwrap();
+                assert_eq!(r2.recv(), Ok(i));
+            }
+        });
+        // Nobody ever receives here: a send arm on it is never ready.
+        let (idle_s, _idle_r) = channel::bounded::<usize>(0);
+        let (mut sent, mut got) = (0, 0);
+        while got < COUNT || sent < COUNT {
+            vt::select! {
+                recv(if got < COUNT { r1.clone() } else { channel::never() }) -> v => {
+                    assert_eq!(v, Ok(got));
+                    got += 1;
+                },
+                send(if sent < got { s2.clone() } else { idle_s.clone() }, sent) -> res => {
+                    if res.is_ok() {
+                        sent += 1;
+                    }
+                },
+            }
+        }
+        h.join().unwrap();
+    });
+}
+
+/// crossbeam `fairness2`-like on the dynamic `Select`: with every operation ready, each is
+/// chosen about equally often (40,000 trials over 4 operations: 25% ± 5%).
+#[test]
+fn cb_dynamic_select_fairness() {
+    rt().block_on(|| {
+        const TRIALS: usize = 40_000;
+        let chans: Vec<_> = (0..4).map(|_| channel::unbounded::<()>()).collect();
+        let mut hits = [0usize; 4];
+        for _ in 0..TRIALS {
+            for (s, _) in &chans {
+                s.try_send(()).unwrap();
+            }
+            let mut sel = channel::Select::new();
+            for (_, r) in &chans {
+                sel.recv(r);
+            }
+            let op = sel.select();
+            let i = op.index();
+            op.recv(&chans[i].1).unwrap();
+            hits[i] += 1;
+            for (_, r) in &chans {
+                while r.try_recv().is_ok() {}
+            }
+        }
+        for &h in &hits {
+            let share = h as f64 / TRIALS as f64;
+            assert!((0.20..=0.30).contains(&share), "{hits:?}");
+        }
     });
 }

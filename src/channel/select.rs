@@ -8,10 +8,12 @@
 //! - a **send** whose message is known registers a send slot carrying it;
 //! - a **watch** (a send arm before its message is evaluated, the dynamic `Select`'s send
 //!   operations, `ready()`) registers a watcher that is only ever *woken*: the channel may have
-//!   become ready, look again. A send arm chosen before its message exists ends the run; the
-//!   macro then evaluates the message (outside every lock, in the caller's own code) and sends
-//!   it without waiting; if the room went meanwhile the arm keeps the message and the macro
-//!   runs the select again, the arm now a send arm of the second kind.
+//!   become ready, look again. A send arm chosen before its message exists makes it (a
+//!   closure the macro wrote around the message expression, run outside every lock) and sends
+//!   it without waiting; if the room went meanwhile the arm keeps the message and the select
+//!   goes round again, the arm now a send arm of the second kind. (Making the message in the
+//!   macro's own code instead would put the expression inside that retry loop, and a message
+//!   that moves a value would not compile.)
 //!
 //! Steps, with one `Waiter` shared by every arm (`arch/sync.md` has the proof sketch):
 //! 1. Try each arm without registering; the first that can complete does.
@@ -72,8 +74,8 @@ pub(crate) enum Poll {
     Pending,
     /// Claimed the waiter and completed the operation.
     Done,
-    /// Claimed the waiter (step 2) or found the channel ready (step 1); the caller completes
-    /// the operation once the run returns.
+    /// Claimed the waiter (step 2) or found the channel ready (step 1); `finish_chosen`
+    /// completes the operation with no lock held.
     Chosen,
     /// The waiter was already granted or woken through an earlier arm.
     Preempted,
@@ -100,6 +102,11 @@ pub(crate) trait ArmOps {
     /// may be ready, or a receiver showed up); false: go round again.
     fn on_woken(&mut self) -> bool {
         false
+    }
+    /// After `Poll::Chosen` or a wake-up through a watcher, with no lock held: completes the
+    /// operation; false if it cannot complete after all (go round again).
+    fn finish_chosen(&mut self) -> bool {
+        true
     }
     /// After `Poll::Pending`: when the arm becomes ready by itself (a timer channel).
     fn ready_at(&self) -> Option<Instant> {
@@ -149,12 +156,11 @@ pub struct RecvArm<'a, T> {
     result: Option<Result<T, RecvError>>,
 }
 
-/// A `send(tx, msg) -> res` arm, whose message is given once the arm is chosen.
-pub struct SendArm<'a, T> {
+/// A `send(tx, msg) -> res` arm; `F` makes the message once the arm is chosen.
+pub struct SendArm<'a, T, F> {
     chan: &'a Chan<T>,
+    make: Option<F>,
     msg: Option<T>,
-    /// Chosen before its message was made: the caller makes it and calls `send_made`.
-    wants_message: bool,
     slot: Option<Arc<Slot<T>>>,
     watching: bool,
     result: Option<Result<(), SendError<T>>>,
@@ -194,31 +200,11 @@ impl<'a, T> RecvArm<'a, T> {
     }
 }
 
-impl<'a, T> SendArm<'a, T> {
-    /// An arm sending on `tx`; its message is made only if it is chosen.
-    pub fn new(tx: &'a Sender<T>) -> Self {
-        SendArm {
-            chan: tx.chan(),
-            msg: None,
-            wants_message: false,
-            slot: None,
-            watching: false,
-            result: None,
-        }
-    }
-
-    /// Whether the run chose this arm before its message was made.
-    pub fn wants_message(&self) -> bool {
-        self.wants_message
-    }
-
-    /// Sends the message made for this chosen arm, without waiting. False if the room (or the
-    /// receiver) it was chosen for went meanwhile: the arm keeps the message, and the select
-    /// must run again.
-    pub fn send_made(&mut self, msg: T) -> bool {
-        self.wants_message = false;
-        self.msg = Some(msg);
-        self.send_now()
+impl<'a, T, F: FnOnce() -> T> SendArm<'a, T, F> {
+    /// An arm sending on `tx` the message `make` returns; `make` runs only if the arm is
+    /// chosen.
+    pub fn new(tx: &'a Sender<T>, make: F) -> Self {
+        SendArm { chan: tx.chan(), make: Some(make), msg: None, slot: None, watching: false, result: None }
     }
 
     /// The arm, type-erased for [`run`].
@@ -258,7 +244,7 @@ impl<T> std::fmt::Debug for RecvArm<'_, T> {
     }
 }
 
-impl<T> std::fmt::Debug for SendArm<'_, T> {
+impl<T, F> std::fmt::Debug for SendArm<'_, T, F> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("SendArm").finish_non_exhaustive()
     }
@@ -329,17 +315,12 @@ impl<T> ArmOps for RecvArm<'_, T> {
     }
 }
 
-impl<T> ArmOps for SendArm<'_, T> {
+impl<T, F: FnOnce() -> T> ArmOps for SendArm<'_, T, F> {
     fn try_now(&mut self) -> Poll {
         if self.msg.is_some() {
             return if self.send_now() { Poll::Done } else { Poll::Pending };
         }
-        if self.chan.with_lock(|locked| locked.send_ready(None)) {
-            self.wants_message = true;
-            Poll::Chosen
-        } else {
-            Poll::Pending
-        }
+        if self.chan.with_lock(|locked| locked.send_ready(None)) { Poll::Chosen } else { Poll::Pending }
     }
 
     fn try_or_register(&mut self, waiter: &Arc<Waiter>, op: usize) -> Poll {
@@ -354,7 +335,6 @@ impl<T> ArmOps for SendArm<'_, T> {
                 } else if waiter.cancel().is_err() {
                     Poll::Preempted
                 } else {
-                    self.wants_message = true;
                     Poll::Chosen
                 }
             });
@@ -419,8 +399,14 @@ impl<T> ArmOps for SendArm<'_, T> {
         // Woken as a watcher (no message yet): a receiver came, polling or waiting, room
         // appeared, or the receivers left. Make the message now and try it; if that fails it
         // waits in a send slot, where any receiver finds it.
-        self.wants_message = self.msg.is_none();
-        self.wants_message
+        self.msg.is_none()
+    }
+
+    fn finish_chosen(&mut self) -> bool {
+        if self.msg.is_none() {
+            self.msg = Some((self.make.take().expect("a send arm's message is made once"))());
+        }
+        self.send_now()
     }
 }
 
@@ -488,8 +474,10 @@ pub(crate) fn run_list<L: ArmList + ?Sized>(arms: &mut L, deadline: Deadline, bi
     }
     let order = Order::new(n, biased);
     for i in order.iter() {
-        if !matches!(arms.get(i).try_now(), Poll::Pending) {
-            return Some(i);
+        match arms.get(i).try_now() {
+            Poll::Done => return Some(i),
+            Poll::Chosen if arms.get(i).finish_chosen() => return Some(i),
+            _ => {}
         }
     }
     let deadline = match deadline {
@@ -537,7 +525,9 @@ pub(crate) fn run_list<L: ArmList + ?Sized>(arms: &mut L, deadline: Deadline, bi
             arms.get(i).unregister(&waiter);
         }
         if let Some(i) = chosen {
-            return Some(i);
+            if matches!(polled, Poll::Done) || arms.get(i).finish_chosen() {
+                return Some(i);
+            }
         }
         match outcome {
             Some(Outcome::Granted(i)) => {
@@ -548,10 +538,12 @@ pub(crate) fn run_list<L: ArmList + ?Sized>(arms: &mut L, deadline: Deadline, bi
             // so go round again (an arm that is ready now completes before the deadline is
             // looked at).
             Some(Outcome::Woken(i)) => {
-                if arms.get(i).on_woken() {
+                if !arms.get(i).on_woken() {
+                    continue;
+                }
+                if arms.get(i).finish_chosen() {
                     return Some(i);
                 }
-                continue;
             }
             // The deadline, or a timer channel's firing (then go round again).
             Some(Outcome::TimedOut) => {}
@@ -660,9 +652,12 @@ impl Rng {
 /// included), evaluated once, in order, on entry; a send arm's message is evaluated only if
 /// that arm is chosen, at most once (if the room or the receiver it was chosen for is gone
 /// before the message is sent, the arm keeps it and waits like any other, and the message is
-/// dropped if another arm then completes); among the ready arms one is chosen uniformly at random (the arms are tried in a fresh random
-/// order; [`select_biased!`](crate::select_biased) tries them in order). A disconnected
-/// channel's arm is ready (it completes with `Err`). Without `default` it parks until an
+/// dropped if another arm then completes). The message expression is evaluated in a closure:
+/// `?` or `return` inside it do not reach the caller, and two messages that borrow one
+/// variable mutably do not compile (crossbeam's macro allows both). Among the ready arms one
+/// is chosen uniformly at random (the arms are tried in a fresh random order;
+/// [`select_biased!`](crate::select_biased) tries them in order). A disconnected channel's
+/// arm is ready (it completes with `Err`). Without `default` it parks until an
 /// operation completes; with `default(timeout)` it returns by the timeout whatever the arms
 /// refer to, both ends of one channel included. Up to 32 operation arms; for a set of channels
 /// known only at run time, use [`Select`](crate::channel::Select).
@@ -794,26 +789,17 @@ macro_rules! __vt_select {
         // Bound with `let x = &expr;`, so that a temporary operand lives to the end of the
         // block (temporary lifetime extension); evaluated in order, once.
         $( let $id = &$chan; )*
-        $( let mut $id = $crate::__vt_select!(@new $kind $id); )*
-        let __vt_deadline = $crate::__vt_select!(@deadline $def);
-        loop {
-            $crate::channel::select::run(&mut [$($id.arm()),*], __vt_deadline, $b);
-            // A send arm chosen before its message existed: make it here, in the caller's
-            // code, and send it; if its room went meanwhile, run again with it.
-            $( $crate::__vt_select!(@make $kind $id [$($m)?]); )*
-            break;
-        }
+        $( let mut $id = $crate::__vt_select!(@new $kind $id [$($m)?]); )*
+        $crate::channel::select::run(
+            &mut [$($id.arm()),*],
+            $crate::__vt_select!(@deadline $def),
+            $b,
+        );
         $( let $id = $id.into_result(); )*
         $crate::__vt_select!(@dispatch [$(($id $p => $body))*] $def)
     }};
-    (@new recv $chan:ident) => { $crate::channel::select::RecvArm::new($chan) };
-    (@new send $chan:ident) => { $crate::channel::select::SendArm::new($chan) };
-    (@make recv $id:ident []) => {};
-    (@make send $id:ident [$m:expr]) => {
-        if $id.wants_message() && !$id.send_made($m) {
-            continue;
-        }
-    };
+    (@new recv $chan:ident []) => { $crate::channel::select::RecvArm::new($chan) };
+    (@new send $chan:ident [$m:expr]) => { $crate::channel::select::SendArm::new($chan, || $m) };
     (@deadline []) => { $crate::channel::select::Deadline::Never };
     (@deadline [($deadline:expr) $body:block]) => { $deadline };
     (@dispatch [($id:ident $p:pat => $body:block) $($rest:tt)*] $def:tt) => {
