@@ -113,7 +113,17 @@ type Watcher = (Arc<Waiter>, usize);
 /// Under the inner lock, unlike the other wake-ups: watchers exist only while a dynamic
 /// `Select` or a lazy send arm waits, and `unpark` takes no channel's lock, so nothing can
 /// wait on us in between; collecting them to unpark later would cost an allocation.
+#[inline]
 fn notify(watchers: &mut Vec<Watcher>, except: Option<&Waiter>) {
+    // The common case, on the locked paths of every send and receive: nobody watches.
+    if watchers.is_empty() {
+        return;
+    }
+    notify_all(watchers, except);
+}
+
+#[inline(never)]
+fn notify_all(watchers: &mut Vec<Watcher>, except: Option<&Waiter>) {
     watchers.retain(|(waiter, op)| {
         if except.is_some_and(|e| std::ptr::eq(&**waiter, e)) {
             return true;
