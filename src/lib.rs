@@ -10,7 +10,7 @@
 //! ```
 //!
 //! # Glossary
-//! - **Fiber**: a virtual thread; a stackful coroutine with its own small stack (64 KiB of
+//! - **Fiber**: a virtual thread; a stackful coroutine with its own small stack (128 KiB of
 //!   reserved address space by default, of which it uses only the pages it touches).
 //! - **Carrier**: an OS thread that runs fibers, one per usable CPU, pinned to it.
 //! - **Injector**: the sharded queue through which work enters from outside the carriers.

@@ -366,7 +366,7 @@ fn builder_names_fibers_and_sets_their_stack() {
             .name("worker-7".into())
             .stack_size(1 << 20)
             .spawn(|| {
-                // ~400 KiB of stack: would overflow the 64 KiB default.
+                // ~400 KiB of stack: would overflow the 128 KiB default.
                 fn recurse(n: u32) -> u32 {
                     let pad = std::hint::black_box([n as u8; 1024]);
                     if n == 0 { pad[0] as u32 } else { recurse(n - 1) + pad[1] as u32 }

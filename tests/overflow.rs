@@ -37,7 +37,7 @@ fn stack_overflow_in_a_fiber_reports_the_fiber_and_aborts() {
     assert_eq!(signal, Some(libc::SIGABRT), "stderr: {stderr}");
     assert!(stderr.contains("'deep-diver'"), "stderr: {stderr}");
     assert!(stderr.contains("tests/overflow.rs"), "names the spawn site: {stderr}");
-    assert!(stderr.contains("has overflowed its stack of 64 KiB"), "stderr: {stderr}");
+    assert!(stderr.contains("has overflowed its stack of 128 KiB"), "stderr: {stderr}");
     assert!(stderr.contains("stack_size"), "names the fix: {stderr}");
 }
 

@@ -524,3 +524,204 @@ fn once_lock_retries_after_a_panicking_initialiser() {
     assert_eq!(cell.set(8), Ok(()));
     assert_eq!(cell.into_inner(), Some(8));
 }
+
+/// Calls `f` from `fibers` fibers and `threads` plain threads at once; each first counts itself
+/// in `arrived`. Returns when all have returned.
+fn contend(fibers: usize, threads: usize, arrived: &Arc<AtomicUsize>, f: impl Fn() + Send + Sync + 'static) {
+    let f = Arc::new(f);
+    rt().block_on(|| {
+        let fiber_handles: Vec<_> = (0..fibers)
+            .map(|_| {
+                let (f, arrived) = (f.clone(), arrived.clone());
+                vt::spawn(move || {
+                    arrived.fetch_add(1, Ordering::SeqCst);
+                    f();
+                })
+            })
+            .collect();
+        let thread_handles: Vec<_> = (0..threads)
+            .map(|_| {
+                let (f, arrived) = (f.clone(), arrived.clone());
+                std::thread::spawn(move || {
+                    arrived.fetch_add(1, Ordering::SeqCst);
+                    f();
+                })
+            })
+            .collect();
+        fiber_handles.into_iter().for_each(|h| h.join().unwrap());
+        thread_handles.into_iter().for_each(|h| h.join().unwrap());
+    });
+}
+
+/// Waits (yielding, fiber or thread) until `n` callers arrived, so that the others are inside
+/// the call, most of them parked, while the initialiser runs.
+fn wait_for_arrivals(arrived: &AtomicUsize, n: usize) {
+    while arrived.load(Ordering::SeqCst) < n {
+        vt::yield_now();
+    }
+}
+
+#[test]
+fn once_runs_once_under_contention_from_fibers_and_threads() {
+    static ONCE: vt::sync::Once = vt::sync::Once::new();
+    static RUNS: AtomicUsize = AtomicUsize::new(0);
+    static DONE: AtomicBool = AtomicBool::new(false);
+    let arrived = Arc::new(AtomicUsize::new(0));
+    let a = arrived.clone();
+    contend(200, 4, &arrived, move || {
+        ONCE.call_once(|| {
+            RUNS.fetch_add(1, Ordering::SeqCst);
+            wait_for_arrivals(&a, 204);
+            DONE.store(true, Ordering::Relaxed);
+        });
+        // What the initialiser did is visible to every caller once `call_once` returns.
+        assert!(DONE.load(Ordering::Relaxed));
+        assert!(ONCE.is_completed());
+    });
+    assert_eq!(RUNS.load(Ordering::SeqCst), 1);
+    ONCE.wait();
+}
+
+#[test]
+fn lazy_lock_initialises_once_under_contention_from_fibers_and_threads() {
+    static RUNS: AtomicUsize = AtomicUsize::new(0);
+    static ARRIVED: AtomicUsize = AtomicUsize::new(0);
+    static TABLE: vt::sync::LazyLock<Vec<u64>> = vt::sync::LazyLock::new(|| {
+        RUNS.fetch_add(1, Ordering::SeqCst);
+        wait_for_arrivals(&ARRIVED, 104);
+        (0..1000).collect()
+    });
+    let arrived = Arc::new(AtomicUsize::new(0));
+    contend(100, 4, &arrived, || {
+        ARRIVED.fetch_add(1, Ordering::SeqCst);
+        assert_eq!(TABLE.iter().sum::<u64>(), 499_500);
+    });
+    assert_eq!(RUNS.load(Ordering::SeqCst), 1);
+    assert_eq!(vt::sync::LazyLock::force(&TABLE).len(), 1000);
+}
+
+#[test]
+fn once_and_lazy_lock_poisoning() {
+    let once = vt::sync::Once::new();
+    let r = std::panic::catch_unwind(|| once.call_once(|| panic!("first")));
+    assert!(r.is_err() && !once.is_completed());
+    // Poisoned: call_once and wait panic, call_once_force runs and is told.
+    assert!(std::panic::catch_unwind(|| once.call_once(|| {})).is_err());
+    assert!(std::panic::catch_unwind(|| once.wait()).is_err());
+    let mut told = None;
+    once.call_once_force(|state| told = Some(state.is_poisoned()));
+    assert_eq!(told, Some(true));
+    assert!(once.is_completed());
+    once.call_once(|| unreachable!());
+    once.wait();
+    once.wait_force();
+
+    let lazy = vt::sync::LazyLock::new(|| -> u32 { panic!("init") });
+    assert!(std::panic::catch_unwind(|| *lazy).is_err());
+    assert!(std::panic::catch_unwind(|| *lazy).is_err());
+    let lazy = vt::sync::LazyLock::new(|| 7);
+    assert_eq!(format!("{lazy:?}"), "LazyLock(<uninit>)");
+    assert_eq!(*lazy, 7);
+    assert_eq!(format!("{lazy:?}"), "LazyLock(7)");
+    assert_eq!(vt::sync::LazyLock::into_inner(lazy).ok(), Some(7));
+}
+
+/// A panicking initialiser poisons a `Once` for the callers parked on it too: those of
+/// `call_once` panic, those of `call_once_force` run their own.
+#[test]
+fn once_poisoning_reaches_parked_callers() {
+    let once = Arc::new(vt::sync::Once::new());
+    let arrived = Arc::new(AtomicUsize::new(0));
+    let (panicked, forced) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    let (o, a, p, fo) = (once.clone(), arrived.clone(), panicked.clone(), forced.clone());
+    let tried = Arc::new(AtomicUsize::new(0));
+    contend(20, 2, &arrived, move || {
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            o.call_once(|| {
+                wait_for_arrivals(&a, 22);
+                panic!("initialiser");
+            })
+        }));
+        if r.is_err() {
+            p.fetch_add(1, Ordering::SeqCst);
+        }
+        // Force only once every caller has had its `call_once`.
+        tried.fetch_add(1, Ordering::SeqCst);
+        wait_for_arrivals(&tried, 22);
+        o.call_once_force(|_| {
+            fo.fetch_add(1, Ordering::SeqCst);
+        });
+    });
+    assert_eq!(panicked.load(Ordering::SeqCst), 22, "every call_once saw the panic or the poison");
+    assert_eq!(forced.load(Ordering::SeqCst), 1);
+    assert!(once.is_completed());
+}
+
+#[test]
+fn rwlock_downgrade_lets_readers_in_and_keeps_writers_out() {
+    rt().block_on(|| {
+        let lock = Arc::new(RwLock::new(0u32));
+        let mut w = lock.write().unwrap();
+        *w = 1;
+        // A reader and then a writer arrive while the writer holds the lock (queued, if they
+        // got there first; the assertions hold either way).
+        let (tx, rx) = vt::channel::bounded::<u32>(1);
+        let l = lock.clone();
+        let reader = vt::spawn(move || tx.send(*l.read().unwrap()).unwrap());
+        let wrote = Arc::new(AtomicBool::new(false));
+        let (l, wr) = (lock.clone(), wrote.clone());
+        let writer = vt::spawn(move || {
+            *l.write().unwrap() = 2;
+            wr.store(true, Ordering::SeqCst);
+        });
+        vt::sleep(Duration::from_millis(20));
+        let r = vt::sync::RwLockWriteGuard::downgrade(w);
+        assert_eq!(*r, 1);
+        // The reader gets in while we still read; the writer does not.
+        assert_eq!(rx.recv_timeout(Duration::from_secs(10)), Ok(1));
+        reader.join().unwrap();
+        assert!(lock.try_write().is_err());
+        assert!(!wrote.load(Ordering::SeqCst));
+        drop(r);
+        writer.join().unwrap();
+        assert_eq!(*lock.read().unwrap(), 2);
+        // Uncontended: downgrade, then another reader, then a writer once both are gone.
+        let r = vt::sync::RwLockWriteGuard::downgrade(lock.write().unwrap());
+        let r2 = lock.try_read().unwrap();
+        assert_eq!((*r, *r2), (2, 2));
+        drop((r, r2));
+        assert!(lock.try_write().is_ok());
+    });
+}
+
+/// std's `test_read_guard_covariance`: a read guard of `&'a i32` is usable where a shorter
+/// lifetime is expected. This only has to compile.
+#[test]
+fn rwlock_read_guard_is_covariant() {
+    fn do_stuff<'a>(_: vt::sync::RwLockReadGuard<'_, &'a i32>, _: &'a i32) {}
+    let j: i32 = 5;
+    let lock = RwLock::new(&j);
+    {
+        let i = 6;
+        do_stuff(lock.read().unwrap(), &i);
+    }
+    drop(lock);
+}
+
+/// `Mutex`, `RwLock`, `OnceLock`, `Once` and `LazyLock` are unwind-safe as std's are, so
+/// `catch_unwind` needs no `AssertUnwindSafe` around them (compile-time assertions).
+#[test]
+fn locks_are_unwind_safe() {
+    fn both<T: std::panic::UnwindSafe + std::panic::RefUnwindSafe>() {}
+    both::<Mutex<std::cell::Cell<u8>>>();
+    both::<RwLock<std::cell::Cell<u8>>>();
+    both::<OnceLock<u8>>();
+    both::<vt::sync::Once>();
+    both::<vt::sync::LazyLock<u8>>();
+    let m = Mutex::new(0);
+    let r = std::panic::catch_unwind(|| {
+        let _g = m.lock().unwrap();
+        panic!("poison");
+    });
+    assert!(r.is_err() && m.is_poisoned());
+}

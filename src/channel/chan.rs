@@ -30,7 +30,7 @@
 use std::collections::VecDeque;
 use std::fmt;
 use std::sync::PoisonError;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use super::error::{RecvTimeoutError, SendTimeoutError, TryRecvError, TrySendError};
 use crate::sync::loom::{self, Arc, AtomicUsize, Fiber, Ordering, UnsafeCell};
@@ -94,6 +94,77 @@ struct Synced<T> {
     receivers_gone: bool,
     /// Slots recently served or found stale; reusable once nobody else holds them.
     spare: Vec<Arc<Slot<T>>>,
+    /// Selects waiting for the channel to become ready to send (the dynamic `Select`'s send
+    /// operations and `ready()`, `select!` send arms whose message is not evaluated yet) or to
+    /// receive (`ready()`). Unlike slots they are never served: whatever may have made the
+    /// channel ready wakes them all, and they look again.
+    send_watchers: Vec<Watcher>,
+    recv_watchers: Vec<Watcher>,
+    /// `after` and `tick` channels: when the next message is due. Nobody sends on them.
+    timer: Option<Timer<T>>,
+}
+
+/// A select's waiter and the index of its operation on this channel.
+type Watcher = (Arc<Waiter>, usize);
+
+/// Wakes every watcher in `watchers` but the waiter `except` (a select registering its own
+/// slots must not wake itself).
+///
+/// Under the inner lock, unlike the other wake-ups: watchers exist only while a dynamic
+/// `Select` or a lazy send arm waits, and `unpark` takes no channel's lock, so nothing can
+/// wait on us in between; collecting them to unpark later would cost an allocation.
+#[inline]
+fn notify(watchers: &mut Vec<Watcher>, except: Option<&Waiter>) {
+    // The common case, on the locked paths of every send and receive: nobody watches.
+    if watchers.is_empty() {
+        return;
+    }
+    notify_all(watchers, except);
+}
+
+#[inline(never)]
+fn notify_all(watchers: &mut Vec<Watcher>, except: Option<&Waiter>) {
+    watchers.retain(|(waiter, op)| {
+        if except.is_some_and(|e| std::ptr::eq(&**waiter, e)) {
+            return true;
+        }
+        if waiter.wake(*op) {
+            waiter.unpark();
+        }
+        false
+    });
+}
+
+/// The clock of an `after` or `tick` channel, kept under the inner lock.
+pub(crate) struct Timer<T> {
+    /// The next firing; `None` once an `after` channel delivered its one message.
+    next: Option<Instant>,
+    /// `tick`'s period; `None` for `after`.
+    period: Option<Duration>,
+    /// Turns the instant of a firing into the message (the identity, for `Receiver<Instant>`).
+    make: fn(Instant) -> T,
+}
+
+impl<T> Timer<T> {
+    pub(crate) fn new(first: Option<Instant>, period: Option<Duration>, make: fn(Instant) -> T) -> Self {
+        Timer { next: first, period, make }
+    }
+
+    fn is_due(&self) -> bool {
+        self.next.is_some_and(|at| Instant::now() >= at)
+    }
+
+    /// The message, if one is due: the instant it fell due, as crossbeam's timers give it.
+    /// A tick's next firing is a period after now, so a slow reader gets no backlog.
+    fn fire(&mut self) -> Option<T> {
+        let due = self.next?;
+        let now = Instant::now();
+        if now < due {
+            return None;
+        }
+        self.next = self.period.and_then(|p| now.checked_add(p));
+        Some((self.make)(due))
+    }
 }
 
 impl<T> Synced<T> {
@@ -104,6 +175,9 @@ impl<T> Synced<T> {
             && self.receivers.is_empty()
             && !self.senders_gone
             && !self.receivers_gone
+            && self.send_watchers.is_empty()
+            && self.recv_watchers.is_empty()
+            && self.timer.is_none()
     }
 
     /// A slot for a plain (not `select!`) blocking call of the calling fiber: a spare one that
@@ -267,6 +341,18 @@ impl<T> Wake<'_, T> {
 
 impl<T> Chan<T> {
     pub(crate) fn new(cap: usize) -> Chan<T> {
+        Self::with_timer(cap, None)
+    }
+
+    /// A channel that nobody sends on, whose receivers get `timer`'s firings (`after`, `tick`).
+    pub(crate) fn new_timer(timer: Timer<T>) -> Chan<T> {
+        Self::with_timer(1, Some(timer))
+    }
+
+    fn with_timer(cap: usize, timer: Option<Timer<T>>) -> Chan<T> {
+        // A timer channel is never quiet, so its fast slot never opens: its receivers take the
+        // locked path, which knows the clock.
+        let fast = if timer.is_some() { SLOW } else { IDLE };
         Chan {
             synced: loom::Mutex::new(Synced {
                 buf: VecDeque::new(),
@@ -275,9 +361,12 @@ impl<T> Chan<T> {
                 senders_gone: false,
                 receivers_gone: false,
                 spare: Vec::new(),
+                send_watchers: Vec::new(),
+                recv_watchers: Vec::new(),
+                timer,
             }),
             cap,
-            fast: AtomicUsize::new(IDLE),
+            fast: AtomicUsize::new(fast),
             fast_owner: AtomicUsize::new(0),
             fast_fiber: UnsafeCell::new(None),
             fast_msg: UnsafeCell::new(None),
@@ -531,6 +620,7 @@ impl<T> Chan<T> {
         }
         if synced.buf.len() < self.cap {
             synced.buf.push_back(msg);
+            notify(&mut synced.recv_watchers, None);
             Ok(Wake(WakeKind::None))
         } else {
             Err(TrySendError::Full(msg))
@@ -570,6 +660,7 @@ impl<T> Chan<T> {
             }
             let slot = synced.own_slot(Some(msg));
             synced.senders.push_back(slot.clone());
+            notify(&mut synced.recv_watchers, None);
             drop(synced);
             let abandon = |outcome: Option<Outcome>| {
                 if outcome.is_none() {
@@ -620,17 +711,29 @@ impl<T> Chan<T> {
         }
         let msg = match synced.buf.pop_front() {
             Some(msg) => {
-                if let Some(slot) = &served {
+                match &served {
                     // Invariant 2: the buffer was full; the sender's message takes the room.
-                    synced.buf.push_back(slot.take().expect("granted send slot"));
+                    Some(slot) => synced.buf.push_back(slot.take().expect("granted send slot")),
+                    None => notify(&mut synced.send_watchers, None),
                 }
                 msg
             }
             // Empty buffer: a rendezvous, or a bounded channel whose room was all taken.
             None => match &served {
                 Some(slot) => slot.take().expect("granted send slot"),
-                None if synced.senders_gone => return Err(TryRecvError::Disconnected),
-                None => return Err(TryRecvError::Empty),
+                None => {
+                    if let Some(msg) = synced.timer.as_mut().and_then(Timer::fire) {
+                        return Ok((msg, Wake(WakeKind::None)));
+                    }
+                    if synced.senders_gone {
+                        return Err(TryRecvError::Disconnected);
+                    }
+                    // A receiver is here, even if only polling: a select waiting to send here
+                    // makes its message and offers it in a send slot, so that a `try_recv`
+                    // loop on a rendezvous channel meets it.
+                    notify(&mut synced.send_watchers, None);
+                    return Err(TryRecvError::Empty);
+                }
             },
         };
         Ok((msg, Wake(served.map_or(WakeKind::None, WakeKind::Slot))))
@@ -679,8 +782,20 @@ impl<T> Chan<T> {
             if !cfg!(loom) && deadline.is_some_and(|d| Instant::now() >= d) {
                 return Err(RecvTimeoutError::Timeout);
             }
+            if let Some(timer) = &synced.timer {
+                // Nobody sends on a timer channel: sleep until it fires (for ever, once an
+                // `after` fired) or the deadline comes, whichever is first, and look again.
+                let until = match (timer.next, deadline) {
+                    (Some(a), Some(b)) => Some(a.min(b)),
+                    (a, b) => a.or(b),
+                };
+                drop(synced);
+                wait_list::park(WaitReason::ChannelRecv, until);
+                continue;
+            }
             let slot = synced.own_slot(None);
             synced.receivers.push_back(slot.clone());
+            notify(&mut synced.send_watchers, None);
             drop(synced);
             let abandon = |outcome: Option<Outcome>| {
                 let mut synced = self.lock();
@@ -729,6 +844,7 @@ impl<T> Chan<T> {
             msg = next.take().expect("message put just above");
         }
         synced.buf.push_front(msg);
+        notify(&mut synced.recv_watchers, None);
     }
 
     // ---- select! support -----------------------------------------------------------------
@@ -756,6 +872,7 @@ impl<T> Chan<T> {
             if fast {
                 self.fill_fast(None);
             }
+            notify(&mut synced.recv_watchers, None);
             (fast, synced.receivers.take_all())
         };
         if fast {
@@ -774,6 +891,7 @@ impl<T> Chan<T> {
         let (waiting, buffered) = {
             let mut synced = self.lock();
             synced.receivers_gone = true;
+            notify(&mut synced.send_watchers, None);
             (synced.senders.take_all(), std::mem::take(&mut synced.buf))
         };
         for slot in waiting {
@@ -792,17 +910,36 @@ pub(crate) struct Locked<'a, T> {
 }
 
 impl<'a, T> Locked<'a, T> {
-    pub(crate) fn send_ready(&self) -> bool {
+    /// Whether a send would complete now. A receive slot of the asking select's own waiter
+    /// (`me`) does not count: a select cannot meet itself on a rendezvous channel.
+    pub(crate) fn send_ready(&self, me: Option<&Waiter>) -> bool {
         self.synced.receivers_gone
             || self.synced.buf.len() < self.chan.cap
             || self.chan.fast.load(Ordering::Relaxed) & TAG == ARMED
-            || self.synced.receivers.iter().any(|s| s.waiter().is_waiting())
+            || self.synced.receivers.iter().any(|s| counterpart(s, me))
     }
 
-    pub(crate) fn recv_ready(&self) -> bool {
+    /// Whether a receive would complete now; `me` as for [`Locked::send_ready`].
+    pub(crate) fn recv_ready(&self, me: Option<&Waiter>) -> bool {
         !self.synced.buf.is_empty()
             || self.synced.senders_gone
-            || self.synced.senders.iter().any(|s| s.waiter().is_waiting())
+            || self.synced.senders.iter().any(|s| counterpart(s, me))
+            || self.synced.timer.as_ref().is_some_and(Timer::is_due)
+    }
+
+    /// When a timer channel fires next (a select waiting on it parks until then at most).
+    pub(crate) fn next_firing(&self) -> Option<Instant> {
+        self.synced.timer.as_ref().and_then(|t| t.next)
+    }
+
+    /// Registers `waiter` to be woken when the channel may have become ready to send.
+    pub(crate) fn watch_send(&mut self, waiter: &Arc<Waiter>, op: usize) {
+        self.synced.send_watchers.push((waiter.clone(), op));
+    }
+
+    /// Registers `waiter` to be woken when the channel may have become ready to receive.
+    pub(crate) fn watch_recv(&mut self, waiter: &Arc<Waiter>, op: usize) {
+        self.synced.recv_watchers.push((waiter.clone(), op));
     }
 
     pub(crate) fn try_send(&mut self, msg: T) -> Result<Wake<'a, T>, TrySendError<T>> {
@@ -814,18 +951,32 @@ impl<'a, T> Locked<'a, T> {
     }
 
     pub(crate) fn register_send(&mut self, slot: Arc<Slot<T>>) {
-        self.synced.senders.push_back(slot);
+        let synced = &mut *self.synced;
+        notify(&mut synced.recv_watchers, Some(slot.waiter()));
+        synced.senders.push_back(slot);
     }
 
     pub(crate) fn register_recv(&mut self, slot: Arc<Slot<T>>) {
-        self.synced.receivers.push_back(slot);
+        let synced = &mut *self.synced;
+        notify(&mut synced.send_watchers, Some(slot.waiter()));
+        synced.receivers.push_back(slot);
     }
 
-    /// Removes every slot of `waiter` from both queues.
+    /// Removes every slot and watcher of `waiter`.
     pub(crate) fn unregister(&mut self, waiter: &Waiter) {
-        self.synced.senders.remove(waiter);
-        self.synced.receivers.remove(waiter);
+        let synced = &mut *self.synced;
+        synced.senders.remove(waiter);
+        synced.receivers.remove(waiter);
+        for watchers in [&mut synced.send_watchers, &mut synced.recv_watchers] {
+            watchers.retain(|(w, _)| !std::ptr::eq(&**w, waiter));
+        }
     }
+}
+
+/// Whether a queued slot is a counterpart that can complete an operation now: still waiting,
+/// and not the asking select's own.
+fn counterpart<T>(slot: &Arc<Slot<T>>, me: Option<&Waiter>) -> bool {
+    slot.waiter().is_waiting() && !me.is_some_and(|me| std::ptr::eq(slot.waiter(), me))
 }
 
 impl<T> fmt::Debug for Chan<T> {
@@ -968,6 +1119,40 @@ mod loom_tests {
             let got = rx.recv_timeout(LONG);
             let sent = sender.join().unwrap();
             assert_eq!(got.is_ok(), sent, "got {got:?}, sent {sent}");
+        });
+    }
+
+    /// A `select!` send arm waits as a watcher (its message not made yet) while a blocking
+    /// receiver arrives: the receiver's arrival wakes it, it makes the message and hands it
+    /// over; neither parks for good, the message arrives once.
+    #[test]
+    fn lazy_select_send_meets_blocking_recv() {
+        ::loom::model(|| {
+            let (tx, rx) = bounded::<u32>(0);
+            let (_idle_tx, idle) = bounded::<u32>(0);
+            let sender = ::loom::thread::spawn(move || {
+                crate::select! {
+                    send(tx, 7) -> r => r.is_ok(),
+                    recv(idle) -> _ => false,
+                }
+            });
+            assert_eq!(rx.recv(), Ok(7));
+            assert!(sender.join().unwrap());
+        });
+    }
+
+    /// The dynamic `Select::ready` waits as a watcher for a receive while a sender buffers a
+    /// message: the wake-up is not lost.
+    #[test]
+    fn select_ready_meets_send() {
+        ::loom::model(|| {
+            let (tx, rx) = bounded::<u32>(1);
+            let sender = ::loom::thread::spawn(move || tx.send(7).unwrap());
+            let mut sel = crate::channel::Select::new();
+            sel.recv(&rx);
+            assert_eq!(sel.ready(), 0);
+            sender.join().unwrap();
+            assert_eq!(rx.recv(), Ok(7));
         });
     }
 

@@ -227,3 +227,40 @@ impl From<RecvError> for RecvTimeoutError {
         RecvTimeoutError::Disconnected
     }
 }
+
+macro_rules! unit_error {
+    ($(#[$doc:meta])* $name:ident, $text:literal) => {
+        $(#[$doc])*
+        #[derive(PartialEq, Eq, Clone, Copy, Debug)]
+        pub struct $name;
+
+        impl fmt::Display for $name {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str($text)
+            }
+        }
+
+        impl Error for $name {}
+    };
+}
+
+unit_error!(
+    /// [`Select::try_select`](super::Select::try_select) found no operation ready.
+    TrySelectError,
+    "all operations in select would block"
+);
+unit_error!(
+    /// [`Select::select_timeout`](super::Select::select_timeout) timed out.
+    SelectTimeoutError,
+    "timed out waiting on select"
+);
+unit_error!(
+    /// [`Select::try_ready`](super::Select::try_ready) found no operation ready.
+    TryReadyError,
+    "all operations in select would block"
+);
+unit_error!(
+    /// [`Select::ready_timeout`](super::Select::ready_timeout) timed out.
+    ReadyTimeoutError,
+    "timed out waiting on ready"
+);

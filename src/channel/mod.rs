@@ -1,6 +1,8 @@
 //! Multi-producer multi-consumer channels whose blocked senders and receivers park their
 //! *fiber* (or plain thread), in crossbeam-channel's shapes: [`bounded`] (with `bounded(0)` a
-//! rendezvous), [`unbounded`], [`oneshot`], and [`select!`](crate::select).
+//! rendezvous), [`unbounded`], [`oneshot`], the timers [`after`], [`tick`] and [`never`], and
+//! waiting on several at once: [`select!`](crate::select), [`select_biased!`](crate::select_biased)
+//! and the dynamic [`Select`].
 //!
 //! Design (Go's channel, with crossbeam's one-shot waiter state for `select!`): one
 //! implementation serves every flavour, a buffer of the flavour's capacity plus FIFO queues of
@@ -15,20 +17,40 @@
 //! that do not block allocate nothing (beyond an unbounded buffer's growth). No message is
 //! lost or delivered twice, even when a timeout races a hand-off: see `arch/sync.md` for the
 //! proof sketch.
+//!
+//! Differences from crossbeam-channel that stay:
+//! - Messages still buffered when the last `Receiver` goes are dropped in that `drop`, after the
+//!   channel is disconnected (so it is never left half-disconnected). A message destructor
+//!   that panics there propagates out of the receiver's `drop`; the remaining messages are
+//!   still dropped, and a second destructor that panics meanwhile aborts the process, as with
+//!   a `Vec`'s elements (checked with a scratch probe: one panicking message is caught by a
+//!   `catch_unwind` around the drop, two abort).
+//! - Scheduling is cooperative: a fiber that busy-waits on `try_recv`/`try_send` in a loop
+//!   without a switch point (`vt::yield_now`, any blocking call) keeps its carrier from running
+//!   anything else, including the fiber that would make it ready; the CPU-starvation warning
+//!   names such a fiber. Use `recv`, `recv_timeout` or a `select!` instead.
+//! - A send chosen by the dynamic [`Select`] is completed by the caller afterwards and may wait
+//!   if the readiness it was chosen for went meanwhile (see [`Select`]).
 
 mod chan;
+mod dynamic;
 mod error;
 pub mod oneshot;
 #[doc(hidden)]
 pub mod select;
 
 use std::fmt;
+use std::panic::{RefUnwindSafe, UnwindSafe};
 use std::time::{Duration, Instant};
 
 use crate::sync::loom::{Arc, Ordering};
-use chan::{Chan, UNBOUNDED};
+use chan::{Chan, Timer, UNBOUNDED};
 
-pub use error::{RecvError, RecvTimeoutError, SendError, SendTimeoutError, TryRecvError, TrySendError};
+pub use dynamic::{Select, SelectedOperation};
+pub use error::{
+    ReadyTimeoutError, RecvError, RecvTimeoutError, SelectTimeoutError, SendError, SendTimeoutError,
+    TryReadyError, TryRecvError, TrySelectError, TrySendError,
+};
 
 /// Creates a channel that holds at most `cap` messages; `bounded(0)` is a rendezvous, where a
 /// send completes only when a receiver takes the message.
@@ -51,6 +73,50 @@ pub fn bounded<T>(cap: usize) -> (Sender<T>, Receiver<T>) {
 pub fn unbounded<T>() -> (Sender<T>, Receiver<T>) {
     let chan = Arc::new(Chan::new(UNBOUNDED));
     (Sender { chan: chan.clone() }, Receiver { chan })
+}
+
+/// A receiver that never delivers a message and never disconnects: an arm of a select that is
+/// never ready (crossbeam's `never`), handy for an optional channel.
+///
+/// ```
+/// use virtual_threads as vt;
+/// use std::time::Duration;
+///
+/// let timeout: Option<vt::channel::Receiver<std::time::Instant>> = None;
+/// let r = timeout.unwrap_or_else(vt::channel::never);
+/// assert!(r.recv_timeout(Duration::from_millis(1)).is_err());
+/// ```
+pub fn never<T>() -> Receiver<T> {
+    // The channel's sender count starts at one and no `Sender` exists to bring it to zero,
+    // so it never disconnects; nothing can send on it.
+    Receiver { chan: Arc::new(Chan::new(0)) }
+}
+
+/// A receiver that gets one message, the instant it was due, after `duration`, and nothing
+/// after (crossbeam's `after`). It never disconnects. Its receive parks the fiber until then.
+///
+/// ```
+/// use virtual_threads as vt;
+/// use std::time::{Duration, Instant};
+///
+/// let start = Instant::now();
+/// let at = vt::channel::after(Duration::from_millis(10)).recv().unwrap();
+/// assert!(at >= start + Duration::from_millis(10));
+/// ```
+pub fn after(duration: Duration) -> Receiver<Instant> {
+    timer(Instant::now().checked_add(duration), None)
+}
+
+/// A receiver that gets a message every `duration`, the instant it was due (crossbeam's
+/// `tick`): the first after `duration`, each next one `duration` after the previous one was
+/// taken, so a slow reader gets no backlog. It never disconnects.
+pub fn tick(duration: Duration) -> Receiver<Instant> {
+    timer(Instant::now().checked_add(duration), Some(duration))
+}
+
+fn timer(first: Option<Instant>, period: Option<Duration>) -> Receiver<Instant> {
+    let chan = Chan::new_timer(Timer::new(first, period, |at| at));
+    Receiver { chan: Arc::new(chan) }
 }
 
 fn deadline_after(timeout: Duration) -> Option<Instant> {
@@ -215,6 +281,14 @@ impl<T> Drop for Receiver<T> {
         }
     }
 }
+
+// As crossbeam's and std's handles: a panic cannot leave a channel in a state that breaks
+// its invariants (the inner lock is never held across user code), so observing one after a
+// caught panic is sound.
+impl<T> UnwindSafe for Sender<T> {}
+impl<T> RefUnwindSafe for Sender<T> {}
+impl<T> UnwindSafe for Receiver<T> {}
+impl<T> RefUnwindSafe for Receiver<T> {}
 
 impl<T> fmt::Debug for Sender<T> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {

@@ -1,29 +1,42 @@
-//! `select!`: wait on several channel operations at once (the engine behind the macro; not a
-//! public API of its own).
+//! The engine behind `select!`, `select_biased!` and the dynamic [`Select`](super::Select):
+//! wait on several channel operations at once, exactly one of which completes.
 //!
-//! Semantics are Go's: every channel expression and every message to send is evaluated once,
-//! in order, on entry; exactly one operation completes; the messages of the send arms that did
-//! not complete are dropped. Arms are tried starting at a random one, so no ready arm starves.
+//! Arms are tried in a fresh random order each time (a Fisher-Yates shuffle, as Go does), so
+//! the first ready arm in that order is uniformly distributed among the ready ones, whatever
+//! the arms that are not ready; `select_biased!` tries them in order. Three kinds of arm:
+//! - a **receive** registers a receive slot, completed by a sender's `grant`;
+//! - a **send** whose message is known registers a send slot carrying it;
+//! - a **watch** (a send arm before its message is evaluated, the dynamic `Select`'s send
+//!   operations, `ready()`) registers a watcher that is only ever *woken*: the channel may have
+//!   become ready, look again. A send arm chosen before its message exists makes it (a
+//!   closure the macro wrote around the message expression, run outside every lock) and sends
+//!   it without waiting; if the room went meanwhile the arm keeps the message and the select
+//!   goes round again, the arm now a send arm of the second kind. (Making the message in the
+//!   macro's own code instead would put the expression inside that retry loop, and a message
+//!   that moves a value would not compile.)
 //!
 //! Steps, with one `Waiter` shared by every arm (`arch/sync.md` has the proof sketch):
 //! 1. Try each arm without registering; the first that can complete does.
-//! 2. Otherwise, for each arm under its channel's inner lock: if it can complete now, first
-//!    `cancel` the shared waiter (claiming it for ourselves; if that fails, a counterpart already
-//!    granted or woke an arm registered earlier, so stop), then complete it; else register a
-//!    slot (a send slot carries its message) tagged with the arm's index.
+//! 2. Otherwise, for each arm under its channel's inner lock: if it can complete now (slots of
+//!    this very select do not count as counterparts), first `cancel` the shared waiter
+//!    (claiming it for ourselves; if that fails, a counterpart already granted or woke an arm
+//!    registered earlier, so stop), then complete it; else register a slot or a watcher
+//!    tagged with the arm's index.
 //! 3. Park until a counterpart grants an arm (it completed it for us), wakes one (a
-//!    disconnection: go round again), or the deadline cancels the waiter.
-//! 4. Unregister every slot, taking unsent messages back, under each channel's lock.
+//!    disconnection or a watched change: go round again), or the deadline (or the next firing
+//!    of a timer channel) cancels the waiter.
+//! 4. Unregister every slot and watcher, taking unsent messages back, under each channel's
+//!    lock. A select that goes round again for a lost race checks its deadline first.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use super::chan::{Slot, SlotWaiter};
+use super::chan::{Chan, Slot, SlotWaiter};
 use super::{Receiver, RecvError, SendError, Sender, TryRecvError, TrySendError};
 use crate::sync::loom::{self, Arc};
 use crate::sync::wait_list::{self, Outcome, WaitReason, Waiter};
 
-/// How long `select!` may wait: no `default` arm, `default`, or `default(timeout)`.
+/// How long a select may wait: no `default` arm, `default`, or `default(timeout)`.
 #[derive(Clone, Copy, Debug)]
 pub enum Deadline {
     /// Wait until an operation completes.
@@ -56,11 +69,14 @@ impl std::fmt::Debug for Arm<'_> {
 }
 
 /// What step 2 did with one arm.
-enum Poll {
-    /// Registered a slot; keep going.
+pub(crate) enum Poll {
+    /// Registered a slot or a watcher; keep going.
     Pending,
     /// Claimed the waiter and completed the operation.
     Done,
+    /// Claimed the waiter (step 2) or found the channel ready (step 1); `finish_chosen`
+    /// completes the operation with no lock held.
+    Chosen,
     /// The waiter was already granted or woken through an earlier arm.
     Preempted,
     /// Claimed the waiter, but the counterpart that made the arm ready cancelled meanwhile:
@@ -68,9 +84,10 @@ enum Poll {
     Lost,
 }
 
-trait ArmOps {
-    /// Step 1: completes the operation if it can without waiting.
-    fn try_now(&mut self) -> bool;
+pub(crate) trait ArmOps {
+    /// Step 1: completes (`Done`) or chooses (`Chosen`) the operation if it can without
+    /// waiting; `Pending` if it cannot.
+    fn try_now(&mut self) -> Poll;
     /// Step 2.
     fn try_or_register(&mut self, waiter: &Arc<Waiter>, op: usize) -> Poll;
     /// Step 4.
@@ -81,28 +98,91 @@ trait ArmOps {
     /// on what the counterpart left (a received message) so that nothing is lost. Runs during
     /// unwinding: must not park or panic.
     fn abandon_granted(&mut self);
+    /// The waiter was woken through this arm. True: the arm is chosen (a watcher: its channel
+    /// may be ready, or a receiver showed up); false: go round again.
+    fn on_woken(&mut self) -> bool {
+        false
+    }
+    /// After `Poll::Chosen` or a wake-up through a watcher, with no lock held: completes the
+    /// operation; false if it cannot complete after all (go round again).
+    fn finish_chosen(&mut self) -> bool {
+        true
+    }
+    /// After `Poll::Pending`: when the arm becomes ready by itself (a timer channel).
+    fn ready_at(&self) -> Option<Instant> {
+        None
+    }
+}
+
+/// The arms of one select, indexable.
+pub(crate) trait ArmList {
+    fn len(&self) -> usize;
+    fn get(&mut self, i: usize) -> &mut dyn ArmOps;
+}
+
+impl ArmList for [Arm<'_>] {
+    fn len(&self) -> usize {
+        <[Arm<'_>]>::len(self)
+    }
+
+    fn get(&mut self, i: usize) -> &mut dyn ArmOps {
+        self[i].ops
+    }
+}
+
+/// An arm that is never ready and registers nothing (a removed `Select` operation).
+pub(crate) struct NeverArm;
+
+impl ArmOps for NeverArm {
+    fn try_now(&mut self) -> Poll {
+        Poll::Pending
+    }
+    fn try_or_register(&mut self, _: &Arc<Waiter>, _: usize) -> Poll {
+        Poll::Pending
+    }
+    fn unregister(&mut self, _: &Waiter) {}
+    fn complete_granted(&mut self) {
+        unreachable!("a never-ready arm is never granted")
+    }
+    fn abandon_granted(&mut self) {}
 }
 
 /// A `recv(rx) -> res` arm.
 pub struct RecvArm<'a, T> {
-    rx: &'a Receiver<T>,
+    chan: &'a Chan<T>,
     slot: Option<Arc<Slot<T>>>,
     registered: bool,
+    wake_at: Option<Instant>,
     result: Option<Result<T, RecvError>>,
 }
 
-/// A `send(tx, msg) -> res` arm.
-pub struct SendArm<'a, T> {
-    tx: &'a Sender<T>,
+/// A `send(tx, msg) -> res` arm; `F` makes the message once the arm is chosen.
+pub struct SendArm<'a, T, F> {
+    chan: &'a Chan<T>,
+    make: Option<F>,
     msg: Option<T>,
     slot: Option<Arc<Slot<T>>>,
+    watching: bool,
     result: Option<Result<(), SendError<T>>>,
+}
+
+/// An arm that waits until its channel is ready to send (or receive) and does nothing: the
+/// dynamic `Select`'s send operations and its `ready()`.
+pub(crate) struct WatchArm<'a, T> {
+    chan: &'a Chan<T>,
+    send: bool,
+    registered: bool,
+    wake_at: Option<Instant>,
 }
 
 impl<'a, T> RecvArm<'a, T> {
     /// An arm receiving from `rx`.
     pub fn new(rx: &'a Receiver<T>) -> Self {
-        RecvArm { rx, slot: None, registered: false, result: None }
+        Self::on(rx.chan())
+    }
+
+    pub(crate) fn on(chan: &'a Chan<T>) -> Self {
+        RecvArm { chan, slot: None, registered: false, wake_at: None, result: None }
     }
 
     /// The arm, type-erased for [`run`].
@@ -114,12 +194,17 @@ impl<'a, T> RecvArm<'a, T> {
     pub fn into_result(self) -> Option<Result<T, RecvError>> {
         self.result
     }
+
+    pub(crate) fn take_result(&mut self) -> Option<Result<T, RecvError>> {
+        self.result.take()
+    }
 }
 
-impl<'a, T> SendArm<'a, T> {
-    /// An arm sending `msg` on `tx`.
-    pub fn new(tx: &'a Sender<T>, msg: T) -> Self {
-        SendArm { tx, msg: Some(msg), slot: None, result: None }
+impl<'a, T, F: FnOnce() -> T> SendArm<'a, T, F> {
+    /// An arm sending on `tx` the message `make` returns; `make` runs only if the arm is
+    /// chosen.
+    pub fn new(tx: &'a Sender<T>, make: F) -> Self {
+        SendArm { chan: tx.chan(), make: Some(make), msg: None, slot: None, watching: false, result: None }
     }
 
     /// The arm, type-erased for [`run`].
@@ -131,6 +216,26 @@ impl<'a, T> SendArm<'a, T> {
     pub fn into_result(self) -> Option<Result<(), SendError<T>>> {
         self.result
     }
+
+    /// Sends the message without waiting; false (keeping it) if there is no room.
+    fn send_now(&mut self) -> bool {
+        let msg = self.msg.take().expect("a made message");
+        match self.chan.try_send(msg) {
+            Ok(()) => self.result = Some(Ok(())),
+            Err(TrySendError::Disconnected(msg)) => self.result = Some(Err(SendError(msg))),
+            Err(TrySendError::Full(msg)) => {
+                self.msg = Some(msg);
+                return false;
+            }
+        }
+        true
+    }
+}
+
+impl<'a, T> WatchArm<'a, T> {
+    pub(crate) fn new(chan: &'a Chan<T>, send: bool) -> Self {
+        WatchArm { chan, send, registered: false, wake_at: None }
+    }
 }
 
 impl<T> std::fmt::Debug for RecvArm<'_, T> {
@@ -139,30 +244,30 @@ impl<T> std::fmt::Debug for RecvArm<'_, T> {
     }
 }
 
-impl<T> std::fmt::Debug for SendArm<'_, T> {
+impl<T, F> std::fmt::Debug for SendArm<'_, T, F> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("SendArm").finish_non_exhaustive()
     }
 }
 
 impl<T> ArmOps for RecvArm<'_, T> {
-    fn try_now(&mut self) -> bool {
-        match self.rx.chan().try_recv() {
+    fn try_now(&mut self) -> Poll {
+        match self.chan.try_recv() {
             Ok(msg) => self.result = Some(Ok(msg)),
             Err(TryRecvError::Disconnected) => self.result = Some(Err(RecvError)),
-            Err(TryRecvError::Empty) => return false,
+            Err(TryRecvError::Empty) => return Poll::Pending,
         }
-        true
+        Poll::Done
     }
 
     fn try_or_register(&mut self, waiter: &Arc<Waiter>, op: usize) -> Poll {
-        let rx = self.rx;
-        let (poll, wake) = rx.chan().with_lock(|locked| {
-            if !locked.recv_ready() {
+        let (poll, wake) = self.chan.with_lock(|locked| {
+            if !locked.recv_ready(Some(waiter)) {
                 let slot = Arc::new(Slot::new(SlotWaiter::Shared(waiter.clone()), op, None));
                 locked.register_recv(slot.clone());
                 self.slot = Some(slot);
                 self.registered = true;
+                self.wake_at = locked.next_firing();
                 return (Poll::Pending, None);
             }
             if waiter.cancel().is_err() {
@@ -188,8 +293,7 @@ impl<T> ArmOps for RecvArm<'_, T> {
 
     fn unregister(&mut self, waiter: &Waiter) {
         if std::mem::take(&mut self.registered) {
-            let rx = self.rx;
-            rx.chan().with_lock(|locked| locked.unregister(waiter));
+            self.chan.with_lock(|locked| locked.unregister(waiter));
         }
     }
 
@@ -202,30 +306,41 @@ impl<T> ArmOps for RecvArm<'_, T> {
 
     fn abandon_granted(&mut self) {
         if let Some(msg) = self.slot.take().and_then(|slot| slot.take()) {
-            self.rx.chan().hand_on(msg);
+            self.chan.hand_on(msg);
         }
+    }
+
+    fn ready_at(&self) -> Option<Instant> {
+        self.wake_at
     }
 }
 
-impl<T> ArmOps for SendArm<'_, T> {
-    fn try_now(&mut self) -> bool {
-        let msg = self.msg.take().expect("a send arm holds its message until it completes");
-        match self.tx.chan().try_send(msg) {
-            Ok(()) => self.result = Some(Ok(())),
-            Err(TrySendError::Disconnected(msg)) => self.result = Some(Err(SendError(msg))),
-            Err(TrySendError::Full(msg)) => {
-                self.msg = Some(msg);
-                return false;
-            }
+impl<T, F: FnOnce() -> T> ArmOps for SendArm<'_, T, F> {
+    fn try_now(&mut self) -> Poll {
+        if self.msg.is_some() {
+            return if self.send_now() { Poll::Done } else { Poll::Pending };
         }
-        true
+        if self.chan.with_lock(|locked| locked.send_ready(None)) { Poll::Chosen } else { Poll::Pending }
     }
 
     fn try_or_register(&mut self, waiter: &Arc<Waiter>, op: usize) -> Poll {
-        let msg = self.msg.take().expect("a send arm holds its message until it completes");
-        let tx = self.tx;
-        let (poll, wake) = tx.chan().with_lock(|locked| {
-            if !locked.send_ready() {
+        let chan = self.chan;
+        let Some(msg) = self.msg.take() else {
+            // Not made yet: watch the channel, or claim the waiter and make it outside the lock.
+            return chan.with_lock(|locked| {
+                if !locked.send_ready(Some(waiter)) {
+                    locked.watch_send(waiter, op);
+                    self.watching = true;
+                    Poll::Pending
+                } else if waiter.cancel().is_err() {
+                    Poll::Preempted
+                } else {
+                    Poll::Chosen
+                }
+            });
+        };
+        let (poll, wake) = chan.with_lock(|locked| {
+            if !locked.send_ready(Some(waiter)) {
                 let slot = Arc::new(Slot::new(SlotWaiter::Shared(waiter.clone()), op, Some(msg)));
                 locked.register_send(slot.clone());
                 self.slot = Some(slot);
@@ -257,17 +372,19 @@ impl<T> ArmOps for SendArm<'_, T> {
     }
 
     fn unregister(&mut self, waiter: &Waiter) {
-        if let Some(slot) = self.slot.take() {
-            let tx = self.tx;
-            tx.chan().with_lock(|locked| {
-                locked.unregister(waiter);
-                // Under the inner lock: if a receiver was granted this slot it already took
-                // the message (None here); otherwise the message is still ours.
-                if let Some(msg) = slot.take() {
-                    self.msg = Some(msg);
-                }
-            });
+        let slot = self.slot.take();
+        if slot.is_none() && !std::mem::take(&mut self.watching) {
+            return;
         }
+        self.watching = false;
+        self.chan.with_lock(|locked| {
+            locked.unregister(waiter);
+            // Under the inner lock: if a receiver was granted this slot it already took the
+            // message (None here); otherwise the message is still ours.
+            if let Some(msg) = slot.and_then(|slot| slot.take()) {
+                self.msg = Some(msg);
+            }
+        });
     }
 
     fn complete_granted(&mut self) {
@@ -277,20 +394,90 @@ impl<T> ArmOps for SendArm<'_, T> {
     fn abandon_granted(&mut self) {
         // A receiver took the message: nothing of ours is left to hand on.
     }
+
+    fn on_woken(&mut self) -> bool {
+        // Woken as a watcher (no message yet): a receiver came, polling or waiting, room
+        // appeared, or the receivers left. Make the message now and try it; if that fails it
+        // waits in a send slot, where any receiver finds it.
+        self.msg.is_none()
+    }
+
+    fn finish_chosen(&mut self) -> bool {
+        if self.msg.is_none() {
+            self.msg = Some((self.make.take().expect("a send arm's message is made once"))());
+        }
+        self.send_now()
+    }
+}
+
+impl<T> ArmOps for WatchArm<'_, T> {
+    fn try_now(&mut self) -> Poll {
+        let send = self.send;
+        let ready = self
+            .chan
+            .with_lock(|locked| if send { locked.send_ready(None) } else { locked.recv_ready(None) });
+        if ready { Poll::Done } else { Poll::Pending }
+    }
+
+    fn try_or_register(&mut self, waiter: &Arc<Waiter>, op: usize) -> Poll {
+        let send = self.send;
+        self.chan.with_lock(|locked| {
+            let ready = if send { locked.send_ready(Some(waiter)) } else { locked.recv_ready(Some(waiter)) };
+            if ready {
+                return if waiter.cancel().is_ok() { Poll::Done } else { Poll::Preempted };
+            }
+            if send {
+                locked.watch_send(waiter, op);
+            } else {
+                locked.watch_recv(waiter, op);
+                self.wake_at = locked.next_firing();
+            }
+            self.registered = true;
+            Poll::Pending
+        })
+    }
+
+    fn unregister(&mut self, waiter: &Waiter) {
+        if std::mem::take(&mut self.registered) {
+            self.chan.with_lock(|locked| locked.unregister(waiter));
+        }
+    }
+
+    fn complete_granted(&mut self) {
+        unreachable!("a watcher is woken, never granted")
+    }
+
+    fn abandon_granted(&mut self) {}
+
+    fn on_woken(&mut self) -> bool {
+        // Possibly ready (`ready()` may return spuriously, as crossbeam's does). A send woken
+        // by a polling receiver is ready only once its sender offers a message: the caller's
+        // `SelectedOperation::send` does, and the poller takes it.
+        true
+    }
+
+    fn ready_at(&self) -> Option<Instant> {
+        self.wake_at
+    }
 }
 
 /// Runs a select over `arms` (steps 1-4 above): the index of the arm that completed, or
-/// `None` if `deadline` came first.
-pub fn run(arms: &mut [Arm<'_>], deadline: Deadline) -> Option<usize> {
+/// `None` if `deadline` came first. `biased`: try the arms in order instead of at random.
+pub fn run(arms: &mut [Arm<'_>], deadline: Deadline, biased: bool) -> Option<usize> {
+    run_list(arms, deadline, biased)
+}
+
+pub(crate) fn run_list<L: ArmList + ?Sized>(arms: &mut L, deadline: Deadline, biased: bool) -> Option<usize> {
     let n = arms.len();
     if n == 0 {
         return wait_without_arms(deadline);
     }
-    let start = random_below(n);
-    let order = (0..n).map(|k| (start + k) % n);
-    for i in order.clone() {
-        if arms[i].ops.try_now() {
-            return Some(i);
+    let order = Order::new(n, biased);
+    for i in order.iter() {
+        match arms.get(i).try_now() {
+            Poll::Done => return Some(i),
+            Poll::Chosen if arms.get(i).finish_chosen() => return Some(i),
+            _ => {}
         }
     }
     let deadline = match deadline {
@@ -301,12 +488,19 @@ pub fn run(arms: &mut [Arm<'_>], deadline: Deadline) -> Option<usize> {
     loop {
         let waiter = Arc::new(Waiter::new());
         let mut polled = Poll::Pending;
-        let mut done = None;
-        for i in order.clone() {
-            polled = arms[i].ops.try_or_register(&waiter, i);
+        let mut chosen = None;
+        // The earliest of the deadline and the next firing of a timer channel in the arms.
+        let mut until = deadline;
+        for i in order.iter() {
+            polled = arms.get(i).try_or_register(&waiter, i);
             match polled {
-                Poll::Pending => continue,
-                Poll::Done => done = Some(i),
+                Poll::Pending => {
+                    if let Some(at) = arms.get(i).ready_at() {
+                        until = Some(until.map_or(at, |u| u.min(at)));
+                    }
+                    continue;
+                }
+                Poll::Done | Poll::Chosen => chosen = Some(i),
                 Poll::Preempted | Poll::Lost => {}
             }
             break;
@@ -316,32 +510,48 @@ pub fn run(arms: &mut [Arm<'_>], deadline: Deadline) -> Option<usize> {
                 // A runtime's drop may unwind this fiber from inside its park: take every
                 // slot back, and hand on a message a sender already delivered to us.
                 let abandon = |outcome: Option<Outcome>| {
-                    for arm in arms.iter_mut() {
-                        arm.ops.unregister(&waiter);
+                    for i in 0..n {
+                        arms.get(i).unregister(&waiter);
                     }
                     if let Some(Outcome::Granted(i)) = outcome {
-                        arms[i].ops.abandon_granted();
+                        arms.get(i).abandon_granted();
                     }
                 };
-                Some(waiter.wait_or_abandon(WaitReason::Select, deadline, abandon))
+                Some(waiter.wait_or_abandon(WaitReason::Select, until, abandon))
             }
-            Poll::Done | Poll::Lost => None,
+            Poll::Done | Poll::Chosen | Poll::Lost => None,
         };
-        for arm in arms.iter_mut() {
-            arm.ops.unregister(&waiter);
+        for i in 0..n {
+            arms.get(i).unregister(&waiter);
         }
-        if done.is_some() {
-            return done;
+        if let Some(i) = chosen {
+            if matches!(polled, Poll::Done) || arms.get(i).finish_chosen() {
+                return Some(i);
+            }
         }
         match outcome {
             Some(Outcome::Granted(i)) => {
-                arms[i].ops.complete_granted();
+                arms.get(i).complete_granted();
                 return Some(i);
             }
-            Some(Outcome::TimedOut) => return None,
-            // Woken: a channel disconnected, so its arm is ready now. Lost: a race undid
-            // the readiness we saw. Either way, go round again.
-            Some(Outcome::Woken(_)) | None => {}
+            // Woken through a watcher: that arm is chosen. Otherwise a channel disconnected,
+            // so go round again (an arm that is ready now completes before the deadline is
+            // looked at).
+            Some(Outcome::Woken(i)) => {
+                if !arms.get(i).on_woken() {
+                    continue;
+                }
+                if arms.get(i).finish_chosen() {
+                    return Some(i);
+                }
+            }
+            // The deadline, or a timer channel's firing (then go round again).
+            Some(Outcome::TimedOut) => {}
+            // A race undid the readiness we saw.
+            None => {}
+        }
+        if deadline.is_some_and(loom::expired) {
+            return None;
         }
     }
 }
@@ -361,34 +571,96 @@ fn wait_without_arms(deadline: Deadline) -> Option<usize> {
     }
 }
 
-/// A uniformly spread index below `n` (Lemire's multiply-shift over splitmix64): fairness
-/// only needs a different starting arm each time, not cryptographic quality.
-fn random_below(n: usize) -> usize {
-    if cfg!(loom) {
-        // Loom replays each interleaving and needs the model to be deterministic.
-        return 0;
+/// The order in which a select tries its arms: a uniformly random permutation (Fisher-Yates),
+/// or `0..n` for a biased select. On the stack up to 32 arms (every `select!`).
+struct Order {
+    small: [u8; 32],
+    big: Vec<usize>,
+    n: usize,
+}
+
+impl Order {
+    fn new(n: usize, biased: bool) -> Order {
+        let mut order = Order { small: [0; 32], big: Vec::new(), n };
+        if n <= order.small.len() {
+            for (i, slot) in order.small.iter_mut().enumerate().take(n) {
+                *slot = i as u8;
+            }
+            if !biased {
+                let mut rng = Rng::new();
+                for i in (1..n).rev() {
+                    order.small.swap(i, rng.below(i + 1));
+                }
+            }
+        } else {
+            order.big = (0..n).collect();
+            if !biased {
+                let mut rng = Rng::new();
+                for i in (1..n).rev() {
+                    order.big.swap(i, rng.below(i + 1));
+                }
+            }
+        }
+        order
     }
-    static STATE: AtomicU64 = AtomicU64::new(0);
-    // Relaxed: any interleaving of increments gives distinct inputs, which is all we need.
-    let mut z = STATE.fetch_add(0x9E37_79B9_7F4A_7C15, Ordering::Relaxed).wrapping_add(0x9E37_79B9_7F4A_7C15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^= z >> 31;
-    ((u128::from(z) * n as u128) >> 64) as usize
+
+    fn iter(&self) -> impl Iterator<Item = usize> + '_ {
+        (0..self.n).map(|k| if self.big.is_empty() { usize::from(self.small[k]) } else { self.big[k] })
+    }
+}
+
+/// splitmix64, seeded once per select from a process-wide counter (one relaxed RMW): the
+/// shuffle needs spread, not cryptographic quality.
+struct Rng(u64);
+
+impl Rng {
+    fn new() -> Rng {
+        if cfg!(loom) {
+            // Loom replays each interleaving and needs the model to be deterministic.
+            return Rng(0);
+        }
+        static SEED: AtomicU64 = AtomicU64::new(0);
+        // Relaxed: any interleaving of increments gives distinct seeds, which is all we need.
+        // Hashed, so that one select's stream does not continue the previous one's.
+        let mut counter = Rng(SEED.fetch_add(1, Ordering::Relaxed));
+        Rng(counter.next())
+    }
+
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    /// Uniform below `n` (Lemire's multiply-shift; the bias is below 2^-58 for 32 arms).
+    fn below(&mut self, n: usize) -> usize {
+        ((u128::from(self.next()) * n as u128) >> 64) as usize
+    }
 }
 
 /// Waits on several channel operations at once; exactly one completes.
 ///
-/// Arms, in any order and separated by commas (optional after a block):
+/// Arms, in any order, separated by commas (optional after a block, allowed after the last):
 /// - `recv(rx) -> res => body`: `res: Result<T, RecvError>`;
 /// - `send(tx, msg) -> res => body`: `res: Result<(), SendError<T>>`;
 /// - at most one `default => body` (run if no operation is ready now) or
 ///   `default(timeout) => body` (run if none became ready within `timeout`).
 ///
-/// Without `default` it parks until an operation completes. Like Go's `select`, every channel
-/// and message expression is evaluated once on entry, a ready arm is chosen at random among
-/// the ready ones (the search starts at a random arm), and messages of send arms that did not
-/// complete are dropped. A disconnected channel's arm is ready (it completes with `Err`).
+/// As crossbeam-channel's macro: channel operands may be any expression (temporaries
+/// included), evaluated once, in order, on entry; a send arm's message is evaluated only if
+/// that arm is chosen, at most once (if the room or the receiver it was chosen for is gone
+/// before the message is sent, the arm keeps it and waits like any other, and the message is
+/// dropped if another arm then completes). The message expression is evaluated in a closure:
+/// `?` or `return` inside it do not reach the caller, and two messages that borrow one
+/// variable mutably do not compile (crossbeam's macro allows both). Among the ready arms one
+/// is chosen uniformly at random (the arms are tried in a fresh random order;
+/// [`select_biased!`](crate::select_biased) tries them in order). A disconnected channel's
+/// arm is ready (it completes with `Err`). Without `default` it parks until an
+/// operation completes; with `default(timeout)` it returns by the timeout whatever the arms
+/// refer to, both ends of one channel included. Up to 32 operation arms; for a set of channels
+/// known only at run time, use [`Select`](crate::channel::Select).
 ///
 /// ```
 /// use virtual_threads as vt;
@@ -406,79 +678,106 @@ fn random_below(n: usize) -> usize {
 #[macro_export]
 macro_rules! select {
     ($($tokens:tt)*) => {
+        $crate::__vt_select!(@start false [$($tokens)*])
+    };
+}
+
+/// [`select!`] that tries its arms in the order written: among the ready arms, the first one
+/// completes. For priorities (a shutdown channel before work); it can starve the later arms.
+///
+/// ```
+/// use virtual_threads as vt;
+///
+/// let (tx1, rx1) = vt::channel::unbounded::<i32>();
+/// let (tx2, rx2) = vt::channel::unbounded::<i32>();
+/// tx1.send(1).unwrap();
+/// tx2.send(2).unwrap();
+/// let got = vt::select_biased! {
+///     recv(rx1) -> msg => msg.unwrap(),
+///     recv(rx2) -> msg => msg.unwrap(),
+/// };
+/// assert_eq!(got, 1);
+/// ```
+#[macro_export]
+macro_rules! select_biased {
+    ($($tokens:tt)*) => {
+        $crate::__vt_select!(@start true [$($tokens)*])
+    };
+}
+
+/// Implementation detail of [`select!`] and [`select_biased!`].
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __vt_select {
+    (@start $biased:tt $tokens:tt) => {
         $crate::__vt_select!(
-            @parse [$($tokens)*] [] []
+            @parse $biased $tokens [] []
             [__vt_a0 __vt_a1 __vt_a2 __vt_a3 __vt_a4 __vt_a5 __vt_a6 __vt_a7 __vt_a8 __vt_a9
              __vt_a10 __vt_a11 __vt_a12 __vt_a13 __vt_a14 __vt_a15 __vt_a16 __vt_a17 __vt_a18
              __vt_a19 __vt_a20 __vt_a21 __vt_a22 __vt_a23 __vt_a24 __vt_a25 __vt_a26 __vt_a27
              __vt_a28 __vt_a29 __vt_a30 __vt_a31]
         )
     };
-}
 
-/// Implementation detail of [`select!`].
-#[doc(hidden)]
-#[macro_export]
-macro_rules! __vt_select {
-    // ---- parsing: [tokens left] [arms so far] [default] [free identifiers] ----
-    (@parse [recv($r:expr) -> $p:pat => $body:block, $($rest:tt)*] $arms:tt $def:tt $ids:tt) => {
-        $crate::__vt_select!(@parse [recv($r) -> $p => $body $($rest)*] $arms $def $ids)
+    // ---- parsing: biased [tokens left] [arms so far] [default] [free identifiers] ----
+    (@parse $b:tt [recv($r:expr $(,)?) -> $p:pat => $body:block, $($rest:tt)*] $arms:tt $def:tt $ids:tt) => {
+        $crate::__vt_select!(@parse $b [recv($r) -> $p => $body $($rest)*] $arms $def $ids)
     };
-    (@parse [recv($r:expr) -> $p:pat => $body:block $($rest:tt)*] [$($arms:tt)*] $def:tt
+    (@parse $b:tt [recv($r:expr $(,)?) -> $p:pat => $body:block $($rest:tt)*] [$($arms:tt)*] $def:tt
         [$id:ident $($ids:ident)*]) => {
-        $crate::__vt_select!(@parse [$($rest)*]
-            [$($arms)* ($id [$crate::channel::select::RecvArm::new(&$r)] $p => $body)] $def [$($ids)*])
+        $crate::__vt_select!(@parse $b [$($rest)*]
+            [$($arms)* ($id recv [$r] [] $p => $body)] $def [$($ids)*])
     };
-    (@parse [recv($r:expr) -> $p:pat => $body:expr $(, $($rest:tt)*)?] [$($arms:tt)*] $def:tt
+    (@parse $b:tt [recv($r:expr $(,)?) -> $p:pat => $body:expr $(, $($rest:tt)*)?] [$($arms:tt)*] $def:tt
         [$id:ident $($ids:ident)*]) => {
-        $crate::__vt_select!(@parse [$($($rest)*)?]
-            [$($arms)* ($id [$crate::channel::select::RecvArm::new(&$r)] $p => { $body })] $def [$($ids)*])
+        $crate::__vt_select!(@parse $b [$($($rest)*)?]
+            [$($arms)* ($id recv [$r] [] $p => { $body })] $def [$($ids)*])
     };
-    (@parse [send($s:expr, $m:expr) -> $p:pat => $body:block, $($rest:tt)*] $arms:tt $def:tt $ids:tt) => {
-        $crate::__vt_select!(@parse [send($s, $m) -> $p => $body $($rest)*] $arms $def $ids)
+    (@parse $b:tt [send($s:expr, $m:expr $(,)?) -> $p:pat => $body:block, $($rest:tt)*] $arms:tt $def:tt $ids:tt) => {
+        $crate::__vt_select!(@parse $b [send($s, $m) -> $p => $body $($rest)*] $arms $def $ids)
     };
-    (@parse [send($s:expr, $m:expr) -> $p:pat => $body:block $($rest:tt)*] [$($arms:tt)*] $def:tt
+    (@parse $b:tt [send($s:expr, $m:expr $(,)?) -> $p:pat => $body:block $($rest:tt)*] [$($arms:tt)*] $def:tt
         [$id:ident $($ids:ident)*]) => {
-        $crate::__vt_select!(@parse [$($rest)*]
-            [$($arms)* ($id [$crate::channel::select::SendArm::new(&$s, $m)] $p => $body)] $def [$($ids)*])
+        $crate::__vt_select!(@parse $b [$($rest)*]
+            [$($arms)* ($id send [$s] [$m] $p => $body)] $def [$($ids)*])
     };
-    (@parse [send($s:expr, $m:expr) -> $p:pat => $body:expr $(, $($rest:tt)*)?] [$($arms:tt)*] $def:tt
+    (@parse $b:tt [send($s:expr, $m:expr $(,)?) -> $p:pat => $body:expr $(, $($rest:tt)*)?] [$($arms:tt)*] $def:tt
         [$id:ident $($ids:ident)*]) => {
-        $crate::__vt_select!(@parse [$($($rest)*)?]
-            [$($arms)* ($id [$crate::channel::select::SendArm::new(&$s, $m)] $p => { $body })] $def [$($ids)*])
+        $crate::__vt_select!(@parse $b [$($($rest)*)?]
+            [$($arms)* ($id send [$s] [$m] $p => { $body })] $def [$($ids)*])
     };
-    (@parse [default => $body:block, $($rest:tt)*] $arms:tt [] $ids:tt) => {
-        $crate::__vt_select!(@parse [default => $body $($rest)*] $arms [] $ids)
+    (@parse $b:tt [default $(())? => $body:block, $($rest:tt)*] $arms:tt [] $ids:tt) => {
+        $crate::__vt_select!(@parse $b [default => $body $($rest)*] $arms [] $ids)
     };
-    (@parse [default => $body:block $($rest:tt)*] $arms:tt [] $ids:tt) => {
-        $crate::__vt_select!(@parse [$($rest)*] $arms
+    (@parse $b:tt [default $(())? => $body:block $($rest:tt)*] $arms:tt [] $ids:tt) => {
+        $crate::__vt_select!(@parse $b [$($rest)*] $arms
             [($crate::channel::select::Deadline::Now) $body] $ids)
     };
-    (@parse [default => $body:expr $(, $($rest:tt)*)?] $arms:tt [] $ids:tt) => {
-        $crate::__vt_select!(@parse [$($($rest)*)?] $arms
+    (@parse $b:tt [default $(())? => $body:expr $(, $($rest:tt)*)?] $arms:tt [] $ids:tt) => {
+        $crate::__vt_select!(@parse $b [$($($rest)*)?] $arms
             [($crate::channel::select::Deadline::Now) { $body }] $ids)
     };
-    (@parse [default($t:expr) => $body:block, $($rest:tt)*] $arms:tt [] $ids:tt) => {
-        $crate::__vt_select!(@parse [default($t) => $body $($rest)*] $arms [] $ids)
+    (@parse $b:tt [default($t:expr $(,)?) => $body:block, $($rest:tt)*] $arms:tt [] $ids:tt) => {
+        $crate::__vt_select!(@parse $b [default($t) => $body $($rest)*] $arms [] $ids)
     };
-    (@parse [default($t:expr) => $body:block $($rest:tt)*] $arms:tt [] $ids:tt) => {
-        $crate::__vt_select!(@parse [$($rest)*] $arms
+    (@parse $b:tt [default($t:expr $(,)?) => $body:block $($rest:tt)*] $arms:tt [] $ids:tt) => {
+        $crate::__vt_select!(@parse $b [$($rest)*] $arms
             [($crate::channel::select::Deadline::after($t)) $body] $ids)
     };
-    (@parse [default($t:expr) => $body:expr $(, $($rest:tt)*)?] $arms:tt [] $ids:tt) => {
-        $crate::__vt_select!(@parse [$($($rest)*)?] $arms
+    (@parse $b:tt [default($t:expr $(,)?) => $body:expr $(, $($rest:tt)*)?] $arms:tt [] $ids:tt) => {
+        $crate::__vt_select!(@parse $b [$($($rest)*)?] $arms
             [($crate::channel::select::Deadline::after($t)) { $body }] $ids)
     };
-    (@parse [default $($rest:tt)*] $arms:tt [$($def:tt)+] $ids:tt) => {
+    (@parse $b:tt [default $($rest:tt)*] $arms:tt [$($def:tt)+] $ids:tt) => {
         ::core::compile_error!("select! takes at most one `default` arm")
     };
-    (@parse [] $arms:tt $def:tt $ids:tt) => {
-        $crate::__vt_select!(@emit $arms $def)
+    (@parse $b:tt [] $arms:tt $def:tt $ids:tt) => {
+        $crate::__vt_select!(@emit $b $arms $def)
     };
-    (@parse [$($rest:tt)+] $arms:tt $def:tt []) => {
+    (@parse $b:tt [$($rest:tt)+] $arms:tt $def:tt []) => {
         ::core::compile_error!("select! takes at most 32 operation arms")
     };
-    (@parse [$($rest:tt)+] $arms:tt $def:tt $ids:tt) => {
+    (@parse $b:tt [$($rest:tt)+] $arms:tt $def:tt $ids:tt) => {
         ::core::compile_error!(
             "expected `recv(rx) -> res => body`, `send(tx, msg) -> res => body`, \
              `default => body` or `default(timeout) => body`"
@@ -486,15 +785,21 @@ macro_rules! __vt_select {
     };
 
     // ---- code generation ----
-    (@emit [$(($id:ident [$($new:tt)*] $p:pat => $body:block))*] $def:tt) => {{
-        $( let mut $id = $($new)*; )*
+    (@emit $b:tt [$(($id:ident $kind:ident [$chan:expr] [$($m:expr)?] $p:pat => $body:block))*] $def:tt) => {{
+        // Bound with `let x = &expr;`, so that a temporary operand lives to the end of the
+        // block (temporary lifetime extension); evaluated in order, once.
+        $( let $id = &$chan; )*
+        $( let mut $id = $crate::__vt_select!(@new $kind $id [$($m)?]); )*
         $crate::channel::select::run(
             &mut [$($id.arm()),*],
             $crate::__vt_select!(@deadline $def),
+            $b,
         );
         $( let $id = $id.into_result(); )*
         $crate::__vt_select!(@dispatch [$(($id $p => $body))*] $def)
     }};
+    (@new recv $chan:ident []) => { $crate::channel::select::RecvArm::new($chan) };
+    (@new send $chan:ident [$m:expr]) => { $crate::channel::select::SendArm::new($chan, || $m) };
     (@deadline []) => { $crate::channel::select::Deadline::Never };
     (@deadline [($deadline:expr) $body:block]) => { $deadline };
     (@dispatch [($id:ident $p:pat => $body:block) $($rest:tt)*] $def:tt) => {

@@ -44,7 +44,7 @@ impl Builder {
     }
 
     /// The fiber's usable stack in bytes (rounded up to whole pages), instead of the runtime's
-    /// default (64 KiB unless `runtime::Builder::stack_size` says otherwise). It is reserved
+    /// default (128 KiB unless `runtime::Builder::stack_size` says otherwise). It is reserved
     /// address space: only the pages the fiber touches cost memory.
     pub fn stack_size(mut self, bytes: usize) -> Builder {
         self.stack_size = Some(bytes);

@@ -45,7 +45,7 @@ impl ThreadPoolBuilder {
         self
     }
 
-    /// The stack size of the pool's fibers, instead of the runtime's (64 KiB by default, where
+    /// The stack size of the pool's fibers, instead of the runtime's (128 KiB by default, where
     /// a thread pool's threads had 2 MiB: raise it for jobs that recurse deeply).
     pub fn thread_stack_size(mut self, bytes: usize) -> ThreadPoolBuilder {
         self.stack_size = Some(bytes);

@@ -46,7 +46,7 @@ impl Default for Builder {
 }
 
 impl Builder {
-    /// The defaults: one carrier per CPU this process may use, pinned; 64 KiB stacks.
+    /// The defaults: one carrier per CPU this process may use, pinned; 128 KiB stacks.
     pub fn new() -> Builder {
         Builder {
             carriers: None,
@@ -110,7 +110,7 @@ impl Builder {
         self
     }
 
-    /// Default usable stack per fiber, in bytes, rounded up to whole pages. Default 64 KiB;
+    /// Default usable stack per fiber, in bytes, rounded up to whole pages. Default 128 KiB;
     /// between 16 KiB and 1 GiB. Stacks are reserved address space: a fiber costs only the
     /// pages it touches.
     pub fn stack_size(mut self, bytes: usize) -> Builder {

@@ -1,4 +1,5 @@
-//! Fiber-aware synchronisation: std's `Mutex`, `RwLock`, `Condvar`, `OnceLock` and `Barrier`,
+//! Fiber-aware synchronisation: std's `Mutex`, `RwLock`, `Condvar`, `Once`, `OnceLock`, `LazyLock`
+//! and `Barrier`,
 //! plus `Semaphore` and crossbeam's `WaitGroup`, whose waiters park their *fiber* (or, called
 //! from a plain OS thread, that thread), so the same code works in both.
 //!
@@ -11,11 +12,17 @@
 //! `arch/sync.md`.
 //!
 //! Poisoning, `LockResult`, `TryLockError` and `PoisonError` are std's own types.
+//!
+//! A difference from std that stays: scheduling is cooperative, so a fiber that spins on
+//! `try_lock` (or any busy-wait) without a switch point keeps its carrier from running the
+//! fiber that would release it; the CPU-starvation warning names such a fiber. Block instead,
+//! or put `vt::yield_now()` in the loop.
 
 mod barrier;
 mod condvar;
 pub(crate) mod loom;
 mod mutex;
+mod once;
 mod once_lock;
 mod poison;
 mod rw_lock;
@@ -26,6 +33,7 @@ pub(crate) mod wait_list;
 pub use barrier::{Barrier, BarrierWaitResult};
 pub use condvar::{Condvar, WaitTimeoutResult};
 pub use mutex::{Mutex, MutexGuard};
+pub use once::{LazyLock, Once, OnceState};
 pub use once_lock::OnceLock;
 pub use rw_lock::{RwLock, RwLockReadGuard, RwLockWriteGuard};
 pub use semaphore::{Semaphore, SemaphorePermit};

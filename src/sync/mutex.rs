@@ -78,6 +78,10 @@ unsafe impl<T: ?Sized + Send> Sync for Mutex<T> {}
 // SAFETY: owning the `Mutex` owns the `T`; the state and queue are `Send`.
 unsafe impl<T: ?Sized + Send> Send for Mutex<T> {}
 
+// As std's: poisoning reports a holder's panic, so the lock is unwind-safe.
+impl<T: ?Sized> std::panic::UnwindSafe for Mutex<T> {}
+impl<T: ?Sized> std::panic::RefUnwindSafe for Mutex<T> {}
+
 /// RAII guard of a locked [`Mutex`]; unlocks on drop. `!Send`, like std's.
 #[must_use = "if unused the Mutex will immediately unlock"]
 pub struct MutexGuard<'a, T: ?Sized + 'a> {

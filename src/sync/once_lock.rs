@@ -1,9 +1,10 @@
 //! `OnceLock<T>`: std's API; callers that find another caller initialising park their fiber.
 //!
-//! A state byte goes `INCOMPLETE → RUNNING → COMPLETE` (or back to `INCOMPLETE` if the
-//! initialiser panics, as std does: the next caller retries). Waiters re-check the state under
-//! the inner lock that the initialiser takes after publishing it, so none sleeps through the
-//! end of an initialisation.
+//! A state byte goes `INCOMPLETE → RUNNING → COMPLETE` (or, if the initialiser panics, back to
+//! `INCOMPLETE` for a `OnceLock`, as std does: the next caller retries; to `POISONED` for a
+//! `Once`). Waiters re-check the state under the inner lock that the initialiser takes after
+//! publishing it, so none sleeps through the end of an initialisation. `OnceCore` is that
+//! protocol, shared with `Once` and `LazyLock` (`once.rs`).
 
 use std::cell::UnsafeCell;
 use std::fmt;
@@ -16,13 +17,117 @@ use super::wait_list::{WaitReason, Waiter};
 const INCOMPLETE: u8 = 0;
 const RUNNING: u8 = 1;
 const COMPLETE: u8 = 2;
+/// A `Once` whose initialiser panicked; a `OnceLock` never gets here.
+pub(super) const POISONED: u8 = 3;
+
+/// The run-once protocol: the state byte and the parked waiters.
+pub(super) struct OnceCore {
+    state: AtomicU8,
+    waiters: loom::Mutex<Vec<Arc<Waiter>>>,
+}
+
+/// `OnceCore::call` or `wait` found the core poisoned and was not told to go on anyway.
+pub(super) struct Poisoned;
+
+impl OnceCore {
+    loom::loom_const_fn! {
+        pub(super) fn new() -> OnceCore {
+            OnceCore { state: AtomicU8::new(INCOMPLETE), waiters: loom::Mutex::new(Vec::new()) }
+        }
+    }
+
+    /// Whether an initialisation finished; after `true`, what it wrote is visible.
+    pub(super) fn is_completed(&self) -> bool {
+        // Acquire pairs with the Release store of COMPLETE in `finish`.
+        self.state.load(Ordering::Acquire) == COMPLETE
+    }
+
+    /// Runs `init` unless an initialisation completed, parking while another caller runs one.
+    /// `init` gets whether the core was poisoned; it runs on a poisoned core only if `force`,
+    /// else `Err(Poisoned)`. If `init` panics the core goes to `on_panic` (INCOMPLETE: the
+    /// next caller retries; POISONED) and the waiters are woken.
+    pub(super) fn call(&self, force: bool, on_panic: u8, init: impl FnOnce(bool)) -> Result<(), Poisoned> {
+        let mut init = Some(init);
+        loop {
+            // Acquire pairs with the Release store of COMPLETE (or POISONED) in `finish`.
+            let state = self.state.load(Ordering::Acquire);
+            match state {
+                COMPLETE => return Ok(()),
+                POISONED if !force => return Err(Poisoned),
+                INCOMPLETE | POISONED => {
+                    // Acquire on failure: as the load above.
+                    if self
+                        .state
+                        .compare_exchange(state, RUNNING, Ordering::Acquire, Ordering::Acquire)
+                        .is_ok()
+                    {
+                        let reset = ResetOnUnwind(self, on_panic);
+                        (init.take().expect("initialiser runs once"))(state == POISONED);
+                        std::mem::forget(reset);
+                        self.finish(COMPLETE);
+                        return Ok(());
+                    }
+                }
+                _ => self.wait_while(|state| state == RUNNING),
+            }
+        }
+    }
+
+    /// Parks until an initialisation completed; unless `force`, `Err` once it is poisoned.
+    pub(super) fn wait(&self, force: bool) -> Result<(), Poisoned> {
+        loop {
+            // Acquire pairs with the Release store in `finish`.
+            match self.state.load(Ordering::Acquire) {
+                COMPLETE => return Ok(()),
+                POISONED if !force => return Err(Poisoned),
+                _ => self.wait_while(|state| state != COMPLETE && (force || state != POISONED)),
+            }
+        }
+    }
+
+    /// Parks while `blocked(state)` holds, re-checked under the lock `finish` takes.
+    fn wait_while(&self, blocked: impl Fn(u8) -> bool) {
+        let waiter = Arc::new(Waiter::new());
+        {
+            let mut waiters = self.waiters.lock().unwrap_or_else(PoisonError::into_inner);
+            // Acquire pairs with the Release store in `finish`.
+            if !blocked(self.state.load(Ordering::Acquire)) {
+                return;
+            }
+            waiters.push(waiter.clone());
+        }
+        // A broadcast wake-up: a waiter that a runtime's drop unwinds here leaves nothing to
+        // hand on (unlike a lock or a message), so a plain `wait` is enough.
+        waiter.wait(WaitReason::Once, None);
+    }
+
+    /// Publishes `state` (COMPLETE, or `on_panic` after a panic) and wakes every waiter.
+    fn finish(&self, state: u8) {
+        // Release pairs with the Acquire loads in `is_completed`, `call` and `wait_while`.
+        self.state.store(state, Ordering::Release);
+        let waiters = std::mem::take(&mut *self.waiters.lock().unwrap_or_else(PoisonError::into_inner));
+        for waiter in waiters {
+            if waiter.wake(0) {
+                waiter.unpark();
+            }
+        }
+    }
+}
+
+/// Puts a core whose initialiser panicked in its `on_panic` state and wakes its waiters.
+struct ResetOnUnwind<'a>(&'a OnceCore, u8);
+
+impl Drop for ResetOnUnwind<'_> {
+    fn drop(&mut self) {
+        self.0.finish(self.1);
+    }
+}
 
 /// A cell written once; readers of an unfinished initialisation park their fiber.
 ///
 /// Same API as [`std::sync::OnceLock`].
 pub struct OnceLock<T> {
-    state: AtomicU8,
-    waiters: loom::Mutex<Vec<Arc<Waiter>>>,
+    core: OnceCore,
     value: UnsafeCell<MaybeUninit<T>>,
 }
 
@@ -33,22 +138,21 @@ unsafe impl<T: Sync + Send> Sync for OnceLock<T> {}
 // SAFETY: owning the cell owns the `T`.
 unsafe impl<T: Send> Send for OnceLock<T> {}
 
+// std's bounds: a caught panic in an initialiser leaves the cell empty, never half-written.
+impl<T: std::panic::RefUnwindSafe + std::panic::UnwindSafe> std::panic::RefUnwindSafe for OnceLock<T> {}
+impl<T: std::panic::UnwindSafe> std::panic::UnwindSafe for OnceLock<T> {}
+
 impl<T> OnceLock<T> {
     loom::loom_const_fn! {
         /// Creates an empty cell.
         pub fn new() -> OnceLock<T> {
-            OnceLock {
-                state: AtomicU8::new(INCOMPLETE),
-                waiters: loom::Mutex::new(Vec::new()),
-                value: UnsafeCell::new(MaybeUninit::uninit()),
-            }
+            OnceLock { core: OnceCore::new(), value: UnsafeCell::new(MaybeUninit::uninit()) }
         }
     }
 
     /// The value, if initialised.
     pub fn get(&self) -> Option<&T> {
-        // Acquire pairs with the Release store of COMPLETE after the value was written.
-        if self.state.load(Ordering::Acquire) == COMPLETE {
+        if self.core.is_completed() {
             // SAFETY: COMPLETE is published only after the value is written, and it is never
             // written again while `&self` lives.
             Some(unsafe { (*self.value.get()).assume_init_ref() })
@@ -59,7 +163,7 @@ impl<T> OnceLock<T> {
 
     /// The value, if initialised, through a unique borrow.
     pub fn get_mut(&mut self) -> Option<&mut T> {
-        if self.state.load(Ordering::Relaxed) == COMPLETE {
+        if self.core.state.load(Ordering::Relaxed) == COMPLETE {
             // SAFETY: COMPLETE means the value is written; `&mut self` is the only access.
             Some(unsafe { self.value.get_mut().assume_init_mut() })
         } else {
@@ -90,19 +194,16 @@ impl<T> OnceLock<T> {
 
     /// Parks until the cell is initialised, then returns the value.
     pub fn wait(&self) -> &T {
-        loop {
-            if let Some(value) = self.get() {
-                return value;
-            }
-            self.wait_while(|state| state != COMPLETE);
-        }
+        // A `OnceLock` is never poisoned.
+        let _ = self.core.wait(true);
+        self.get().expect("completed")
     }
 
     /// Takes the value out, leaving the cell empty.
     pub fn take(&mut self) -> Option<T> {
         // Relaxed: `&mut self` proves no other access, and its creation ordered the rest.
-        if self.state.load(Ordering::Relaxed) == COMPLETE {
-            self.state.store(INCOMPLETE, Ordering::Relaxed);
+        if self.core.state.load(Ordering::Relaxed) == COMPLETE {
+            self.core.state.store(INCOMPLETE, Ordering::Relaxed);
             // SAFETY: the value was written and the state now says it is gone, so it is read
             // exactly once.
             Some(unsafe { self.value.get_mut().assume_init_read() })
@@ -117,60 +218,12 @@ impl<T> OnceLock<T> {
     }
 
     fn initialize<F: FnOnce() -> T>(&self, f: F) {
-        let mut f = Some(f);
-        loop {
-            // Acquire (on failure) pairs with the Release store of COMPLETE.
-            match self.state.compare_exchange(INCOMPLETE, RUNNING, Ordering::Acquire, Ordering::Acquire) {
-                Ok(_) => {
-                    let reset = ResetOnUnwind(self);
-                    let value = (f.take().expect("initialiser runs once"))();
-                    // SAFETY: RUNNING gives this caller the only access to the value slot.
-                    unsafe { (*self.value.get()).write(value) };
-                    std::mem::forget(reset);
-                    self.finish(COMPLETE);
-                    return;
-                }
-                Err(COMPLETE) => return,
-                Err(_) => self.wait_while(|state| state == RUNNING),
-            }
-        }
-    }
-
-    /// Parks while `blocked(state)` holds, re-checked under the lock `finish` takes.
-    fn wait_while(&self, blocked: impl Fn(u8) -> bool) {
-        let waiter = Arc::new(Waiter::new());
-        {
-            let mut waiters = self.waiters.lock().unwrap_or_else(PoisonError::into_inner);
-            // Acquire pairs with the Release store in `finish`.
-            if !blocked(self.state.load(Ordering::Acquire)) {
-                return;
-            }
-            waiters.push(waiter.clone());
-        }
-        // A broadcast wake-up: a waiter that a runtime's drop unwinds here leaves nothing to
-        // hand on (unlike a lock or a message), so a plain `wait` is enough.
-        waiter.wait(WaitReason::Once, None);
-    }
-
-    /// Publishes `state` (COMPLETE, or INCOMPLETE after a panic) and wakes every waiter.
-    fn finish(&self, state: u8) {
-        // Release pairs with the Acquire loads in `get` and `wait_while`.
-        self.state.store(state, Ordering::Release);
-        let waiters = std::mem::take(&mut *self.waiters.lock().unwrap_or_else(PoisonError::into_inner));
-        for waiter in waiters {
-            if waiter.wake(0) {
-                waiter.unpark();
-            }
-        }
-    }
-}
-
-/// Puts a cell whose initialiser panicked back to INCOMPLETE and wakes its waiters.
-struct ResetOnUnwind<'a, T>(&'a OnceLock<T>);
-
-impl<T> Drop for ResetOnUnwind<'_, T> {
-    fn drop(&mut self) {
-        self.0.finish(INCOMPLETE);
+        // An initialiser's panic leaves the cell INCOMPLETE: never poisoned, so never `Err`.
+        let _ = self.core.call(false, INCOMPLETE, |_| {
+            let value = f();
+            // SAFETY: RUNNING gives this caller the only access to the value slot.
+            unsafe { (*self.value.get()).write(value) };
+        });
     }
 }
 

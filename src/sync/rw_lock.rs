@@ -7,12 +7,19 @@
 //! Fairness is strict FIFO hand-off, phase-fair: once anyone is queued, new readers queue too
 //! (no writer starves behind a stream of readers), and the releaser that leaves the lock free
 //! grants it under the inner lock to the front of the queue: one writer, or every reader up to
-//! the next queued writer, together. Protocol and proof sketch: `arch/sync.md`.
+//! the next queued writer, together. `downgrade` turns the writer into a reader in place and
+//! grants the readers at the front of the queue with it. Protocol and proof sketch:
+//! `arch/sync.md`.
+//!
+//! The state, poison flag and queue are a `RawRwLock`, not generic over `T`, so that a read
+//! guard can hold it and a pointer to the data, as std's does, and be covariant in `T`.
 
 use std::cell::UnsafeCell;
 use std::fmt;
 use std::marker::PhantomData;
 use std::ops::{Deref, DerefMut};
+use std::panic::{RefUnwindSafe, UnwindSafe};
+use std::ptr::NonNull;
 use std::sync::{LockResult, PoisonError, TryLockError, TryLockResult};
 
 use super::loom::{self, Arc, AtomicUsize, Ordering};
@@ -27,11 +34,16 @@ const READER: usize = 4;
 ///
 /// Same API and poisoning as [`std::sync::RwLock`].
 pub struct RwLock<T: ?Sized> {
+    raw: RawRwLock,
+    data: UnsafeCell<T>,
+}
+
+/// Everything of the lock but the data.
+struct RawRwLock {
     /// Bit 0 `WRITER`, bit 1 `QUEUED`, bits 2.. reader count.
     state: AtomicUsize,
     poison: poison::Flag,
     queue: loom::Mutex<WaitQueue<QueuedAccess>>,
-    data: UnsafeCell<T>,
 }
 
 /// A parked `read` or `write` call.
@@ -53,11 +65,13 @@ unsafe impl<T: ?Sized + Send + Sync> Sync for RwLock<T> {}
 // SAFETY: owning the lock owns the `T`; the state and queue are `Send`.
 unsafe impl<T: ?Sized + Send> Send for RwLock<T> {}
 
-/// RAII guard of shared access; `!Send`, like std's.
+/// RAII guard of shared access; `!Send`, like std's, and covariant in `T`, like std's.
 #[must_use = "if unused the RwLock will immediately unlock"]
 pub struct RwLockReadGuard<'a, T: ?Sized + 'a> {
-    lock: &'a RwLock<T>,
-    _not_send: PhantomData<*const ()>,
+    /// The data: a pointer (covariant), not a `&RwLock<T>` (invariant through its cell).
+    data: NonNull<T>,
+    raw: &'a RawRwLock,
+    _borrow: PhantomData<&'a T>,
 }
 
 /// RAII guard of exclusive access; `!Send`, like std's.
@@ -73,14 +87,20 @@ unsafe impl<T: ?Sized + Sync> Sync for RwLockReadGuard<'_, T> {}
 // SAFETY: a `&RwLockWriteGuard` only hands out `&T`.
 unsafe impl<T: ?Sized + Sync> Sync for RwLockWriteGuard<'_, T> {}
 
+// As std's: poisoning reports a writer's panic, so the lock is unwind-safe.
+impl<T: ?Sized> UnwindSafe for RwLock<T> {}
+impl<T: ?Sized> RefUnwindSafe for RwLock<T> {}
+
 impl<T> RwLock<T> {
     loom::loom_const_fn! {
         /// Creates an unlocked lock.
         pub fn new(value: T) -> RwLock<T> {
             RwLock {
-                state: AtomicUsize::new(0),
-                poison: poison::Flag::new(),
-                queue: loom::Mutex::new(WaitQueue::new()),
+                raw: RawRwLock {
+                    state: AtomicUsize::new(0),
+                    poison: poison::Flag::new(),
+                    queue: loom::Mutex::new(WaitQueue::new()),
+                },
                 data: UnsafeCell::new(value),
             }
         }
@@ -88,16 +108,16 @@ impl<T> RwLock<T> {
 
     /// Consumes the lock and returns the value; `Err` (still holding it) if poisoned.
     pub fn into_inner(self) -> LockResult<T> {
-        let Self { poison, data, .. } = self;
-        poison.result(data.into_inner())
+        let Self { raw, data } = self;
+        raw.poison.result(data.into_inner())
     }
 }
 
 impl<T: ?Sized> RwLock<T> {
     /// Acquires shared access, parking while a writer holds the lock or anyone is queued.
     pub fn read(&self) -> LockResult<RwLockReadGuard<'_, T>> {
-        if !self.try_read_fast() {
-            self.lock_contended(false);
+        if !self.raw.try_read_fast() {
+            self.raw.lock_contended(false);
         }
         self.read_guard()
     }
@@ -105,21 +125,21 @@ impl<T: ?Sized> RwLock<T> {
     /// Acquires exclusive access, parking while anyone holds the lock or is queued.
     pub fn write(&self) -> LockResult<RwLockWriteGuard<'_, T>> {
         // Acquire pairs with the Release of the previous holders' unlocks.
-        if self.state.compare_exchange(0, WRITER, Ordering::Acquire, Ordering::Relaxed).is_err() {
-            self.lock_contended(true);
+        if self.raw.state.compare_exchange(0, WRITER, Ordering::Acquire, Ordering::Relaxed).is_err() {
+            self.raw.lock_contended(true);
         }
         self.write_guard()
     }
 
     /// Acquires shared access if that needs no wait.
     pub fn try_read(&self) -> TryLockResult<RwLockReadGuard<'_, T>> {
-        if self.try_read_fast() { Ok(self.read_guard()?) } else { Err(TryLockError::WouldBlock) }
+        if self.raw.try_read_fast() { Ok(self.read_guard()?) } else { Err(TryLockError::WouldBlock) }
     }
 
     /// Acquires exclusive access if the lock is free.
     pub fn try_write(&self) -> TryLockResult<RwLockWriteGuard<'_, T>> {
         // Acquire pairs with the Release of the previous holders' unlocks.
-        match self.state.compare_exchange(0, WRITER, Ordering::Acquire, Ordering::Relaxed) {
+        match self.raw.state.compare_exchange(0, WRITER, Ordering::Acquire, Ordering::Relaxed) {
             Ok(_) => Ok(self.write_guard()?),
             Err(_) => Err(TryLockError::WouldBlock),
         }
@@ -127,31 +147,59 @@ impl<T: ?Sized> RwLock<T> {
 
     /// Whether a writer panicked while holding the lock.
     pub fn is_poisoned(&self) -> bool {
-        self.poison.get()
+        self.raw.poison.get()
     }
 
     /// Clears the poisoned state.
     pub fn clear_poison(&self) {
-        self.poison.clear();
+        self.raw.poison.clear();
     }
 
     /// The value, through a unique borrow (no locking needed).
     pub fn get_mut(&mut self) -> LockResult<&mut T> {
-        self.poison.result(self.data.get_mut())
+        self.raw.poison.result(self.data.get_mut())
     }
 
+    /// Precondition: the caller holds a read lock, which the guard takes over.
     fn read_guard(&self) -> LockResult<RwLockReadGuard<'_, T>> {
-        self.poison.result(RwLockReadGuard { lock: self, _not_send: PhantomData })
+        self.raw.poison.result(RwLockReadGuard::new(self))
     }
 
     fn write_guard(&self) -> LockResult<RwLockWriteGuard<'_, T>> {
-        poison::map_result(self.poison.guard(), |poison| RwLockWriteGuard {
+        poison::map_result(self.raw.poison.guard(), |poison| RwLockWriteGuard {
             lock: self,
             poison,
             _not_send: PhantomData,
         })
     }
+}
 
+impl<'a, T: ?Sized> RwLockReadGuard<'a, T> {
+    /// Precondition: the caller holds a read lock of `lock`, which the guard takes over.
+    fn new(lock: &'a RwLock<T>) -> Self {
+        // SAFETY of later dereferences: `UnsafeCell::get` is never null, and the read lock
+        // held by this guard keeps writers out for `'a`.
+        let data = NonNull::new(lock.data.get()).expect("UnsafeCell::get is not null");
+        RwLockReadGuard { data, raw: &lock.raw, _borrow: PhantomData }
+    }
+}
+
+impl<'a, T: ?Sized> RwLockWriteGuard<'a, T> {
+    /// Turns exclusive access into shared access without letting a writer in between; the
+    /// readers queued at the front (up to the next queued writer) get the lock with it, as
+    /// std's `downgrade` lets waiting readers in.
+    pub fn downgrade(s: Self) -> RwLockReadGuard<'a, T> {
+        let lock = s.lock;
+        // As when the guard drops: poison if the writer is panicking (it is not, here, unless
+        // called from a destructor during unwinding), then hand over without unlocking.
+        lock.raw.poison.done(&s.poison);
+        std::mem::forget(s);
+        lock.raw.downgrade();
+        RwLockReadGuard::new(lock)
+    }
+}
+
+impl RawRwLock {
     fn try_read_fast(&self) -> bool {
         let mut state = self.state.load(Ordering::Relaxed);
         while state & (WRITER | QUEUED) == 0 {
@@ -274,20 +322,57 @@ impl<T: ?Sized> RwLock<T> {
             self.unlock_share(write);
         }
     }
+
+    /// The writer becomes a reader. Precondition: the caller holds the write lock; while it
+    /// does, nobody else changes the state (arrivals only queue under the queue lock, and
+    /// QUEUED is already set if anyone did), so plain stores are exact.
+    fn downgrade(&self) {
+        // Release: our writes are published to the readers granted below and to later ones.
+        if self.state.compare_exchange(WRITER, READER, Ordering::Release, Ordering::Relaxed).is_ok() {
+            return;
+        }
+        let mut granted = Vec::new();
+        let mut abandoned = 0;
+        {
+            let mut queue = self.queue.lock().unwrap_or_else(PoisonError::into_inner);
+            let mut holders = READER;
+            while queue.front().is_some_and(|e| !e.write) {
+                granted.extend(queue.pop_front());
+                holders += READER;
+            }
+            let rest = if queue.is_empty() { 0 } else { QUEUED };
+            self.state.store(holders | rest, Ordering::Release);
+            granted.retain(|entry| {
+                entry.waiter.grant(0) || {
+                    abandoned += 1;
+                    false
+                }
+            });
+        }
+        for entry in &granted {
+            entry.waiter.unpark();
+        }
+        // A cancelled reader (a runtime's drop unwound it) gives its share back; ours keeps
+        // the count above zero, so this grants nobody.
+        for _ in 0..abandoned {
+            self.read_unlock();
+        }
+    }
 }
 
 impl<T: ?Sized> Deref for RwLockReadGuard<'_, T> {
     type Target = T;
 
     fn deref(&self) -> &T {
-        // SAFETY: a read guard exists only while no writer holds the lock.
-        unsafe { &*self.lock.data.get() }
+        // SAFETY: `data` points into the lock's cell, alive for `'a`, and a read guard exists
+        // only while no writer holds the lock.
+        unsafe { self.data.as_ref() }
     }
 }
 
 impl<T: ?Sized> Drop for RwLockReadGuard<'_, T> {
     fn drop(&mut self) {
-        self.lock.read_unlock();
+        self.raw.read_unlock();
     }
 }
 
@@ -309,8 +394,8 @@ impl<T: ?Sized> DerefMut for RwLockWriteGuard<'_, T> {
 
 impl<T: ?Sized> Drop for RwLockWriteGuard<'_, T> {
     fn drop(&mut self) {
-        self.lock.poison.done(&self.poison);
-        self.lock.write_unlock();
+        self.lock.raw.poison.done(&self.poison);
+        self.lock.raw.write_unlock();
     }
 }
 
@@ -334,7 +419,7 @@ impl<T: ?Sized + fmt::Debug> fmt::Debug for RwLock<T> {
             Err(TryLockError::Poisoned(err)) => d.field("data", &&**err.get_ref()),
             Err(TryLockError::WouldBlock) => d.field("data", &format_args!("<locked>")),
         };
-        d.field("poisoned", &self.poison.get()).finish_non_exhaustive()
+        d.field("poisoned", &self.raw.poison.get()).finish_non_exhaustive()
     }
 }
 
@@ -347,5 +432,37 @@ impl<T: Default> Default for RwLock<T> {
 impl<T> From<T> for RwLock<T> {
     fn from(value: T) -> RwLock<T> {
         RwLock::new(value)
+    }
+}
+
+#[cfg(all(test, loom))]
+mod loom_tests {
+    //! `downgrade` meets a reader and a writer that queue (or not) meanwhile: the reader gets
+    //! in while the downgraded guard is held, or after; the writer only after every reader;
+    //! nobody parks for good.
+    use super::RwLock;
+    use crate::sync::loom::Arc;
+
+    #[test]
+    fn downgrade_races_queued_reader_and_writer() {
+        ::loom::model(|| {
+            let lock = Arc::new(RwLock::new(0u32));
+            let w = lock.write().unwrap();
+            let l = lock.clone();
+            let reader = ::loom::thread::spawn(move || *l.read().unwrap());
+            let l = lock.clone();
+            let writer = ::loom::thread::spawn(move || {
+                *l.write().unwrap() = 2;
+            });
+            let mut w = w;
+            *w = 1;
+            let r = super::RwLockWriteGuard::downgrade(w);
+            assert_eq!(*r, 1);
+            drop(r);
+            let seen = reader.join().unwrap();
+            writer.join().unwrap();
+            assert!(seen == 1 || seen == 2, "{seen}");
+            assert_eq!(*lock.read().unwrap(), 2);
+        });
     }
 }
