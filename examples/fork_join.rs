@@ -1,4 +1,4 @@
-//! Fork-join, workload W1 of `shared/bench/WORKLOADS.md`: one op spawns n fibers that each
+//! Fork-join, workload W1 of `benches/README.md`: one op spawns n fibers that each
 //! return their index, joins them in spawn order, sums the results and checks the sum. It measures
 //! what a fiber costs from spawn to join: ops per second (median, min and max over the timed ops)
 //! and nanoseconds per fiber (the median op divided by n).

@@ -1,4 +1,4 @@
-//! Ping-pong, workload W4 of `shared/bench/WORKLOADS.md`: fiber A sends a u64 to fiber B over a
+//! Ping-pong, workload W4 of `benches/README.md`: fiber A sends a u64 to fiber B over a
 //! channel of capacity 1, B sends it back over a second one; r round trips per op, and the
 //! caller joins both. It measures the park/unpark path (each round trip is two parks, two
 //! unparks and two resumptions): nanoseconds per round trip (median, min and max over the ops).

@@ -1,4 +1,4 @@
-//! Sleep-many, workload W7 of `shared/bench/WORKLOADS.md`: n fibers each sleep 10 ms; the
+//! Sleep-many, workload W7 of `benches/README.md`: n fibers each sleep 10 ms; the
 //! caller joins all. It measures the timers (arming, firing, waking 10,000 fibers) against the
 //! ideal: milliseconds over 10 ms per op (median, min and max over the ops), and when the last
 //! fiber had armed its timer (how long the spawns and first runs took).

@@ -1,4 +1,4 @@
-//! Yield-many, workload W5 of `shared/bench/WORKLOADS.md`: t fibers each yield y times; the
+//! Yield-many, workload W5 of `benches/README.md`: t fibers each yield y times; the
 //! caller joins all. It measures the scheduler's round trip through the run queue (a yield is
 //! one switch out, one queue push, one pop and one switch in): nanoseconds per yield (median,
 //! min and max over the ops). Small and deterministic enough to count instructions under
