@@ -31,7 +31,8 @@ impl Builder {
         Builder::default()
     }
 
-    /// Names the fiber; the name shows in panics' messages, dumps and [`Fiber::name`].
+    /// Names the fiber; the name shows in panics' messages, dumps and
+    /// [`Fiber::name`](crate::Fiber::name).
     pub fn name(mut self, name: String) -> Builder {
         self.name = Some(name);
         self
