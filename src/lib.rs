@@ -77,6 +77,7 @@ pub mod channel;
 mod diagnostics;
 mod fiber;
 pub mod fs;
+pub mod future;
 mod metrics;
 pub mod net;
 mod platform;
