@@ -62,9 +62,11 @@ pub enum WaitReason {
     PoolJoin,
     /// [`future::block_on`](crate::future::block_on), waiting for a future's waker.
     Future,
+    /// [`signal::wait_for`](crate::signal::wait_for) or [`signal::ctrl_c`](crate::signal::ctrl_c).
+    Signal,
 }
 
-const REASONS: [WaitReason; 20] = [
+const REASONS: [WaitReason; 21] = [
     WaitReason::Park,
     WaitReason::Sleep,
     WaitReason::Join,
@@ -85,6 +87,7 @@ const REASONS: [WaitReason; 20] = [
     WaitReason::PoolSlot,
     WaitReason::PoolJoin,
     WaitReason::Future,
+    WaitReason::Signal,
 ];
 
 /// In a record's `wait` byte: the park has a deadline (a timer will wake it).
@@ -108,9 +111,9 @@ impl WaitReason {
     }
 
     /// Whether something outside the runtime's view (a peer on the network, another runtime
-    /// holding a future's waker) can end this wait.
+    /// holding a future's waker, a signal) can end this wait.
     fn is_io(self) -> bool {
-        matches!(self, WaitReason::NetRead | WaitReason::NetWrite | WaitReason::Future)
+        matches!(self, WaitReason::NetRead | WaitReason::NetWrite | WaitReason::Future | WaitReason::Signal)
     }
 }
 
@@ -137,6 +140,7 @@ impl fmt::Display for WaitReason {
             WaitReason::PoolSlot => "a ThreadPool slot",
             WaitReason::PoolJoin => "ThreadPool jobs to finish",
             WaitReason::Future => "a future (vt::future::block_on)",
+            WaitReason::Signal => "a signal (vt::signal)",
         })
     }
 }

@@ -85,6 +85,7 @@ mod pool;
 pub mod runtime;
 mod scheduler;
 mod scope;
+pub mod signal;
 pub mod sync;
 mod time;
 
