@@ -66,8 +66,8 @@ pub fn demo(clients: usize) -> io::Result<()> {
         vt::sleep(Duration::from_millis(10)); // parks the fiber, not a tokio worker
         6 * 7
     });
-    let answer =
-        tokio_rt.block_on(async { tokio::spawn(async move { fiber.await.unwrap() }).await.unwrap() });
+    let task = tokio_rt.spawn(async move { fiber.await.unwrap() });
+    let answer = tokio_rt.block_on(task).unwrap();
     assert_eq!(answer, 42);
     Ok(())
 }
