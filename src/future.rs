@@ -15,7 +15,7 @@
 //! Awaiting a fiber's `JoinHandle` that has not finished yet costs one more fiber, on the
 //! awaited fiber's runtime, that joins it and wakes the awaiting task: the join hand-off in
 //! `fiber/join.rs` has room for one parked joiner, not for a waker that changes from poll to
-//! poll.
+//! poll. The design, and why no wake-up is lost: `arch/interop.md`.
 
 use std::future::{Future, IntoFuture};
 use std::panic::Location;

@@ -7,7 +7,8 @@
 //! and writes a byte to a pipe (both async-signal-safe); a plain thread, `vt-signal`, reads the
 //! pipe and unparks every waiting fiber, each of which checks its signals' counts. A waiter
 //! registers before it reads the counts, so a signal between the two still unparks it (its
-//! token is left for the park). The libc calls are in `platform/signal.rs`.
+//! token is left for the park). The libc calls are in `platform/signal.rs`; the design is in
+//! `arch/interop.md`.
 //!
 //! [`Signals`] counts from the moment it is made, so a signal that arrives between two waits
 //! is not lost; [`wait_for`] counts only during the call. A fiber parked here counts, for the deadlock report, as waiting on something outside the
