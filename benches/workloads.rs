@@ -1,4 +1,4 @@
-//! The workload suite W1–W7 of `shared/bench/WORKLOADS.md`: this runtime against the runtimes a
+//! The workload suite W1–W7 of `benches/README.md`: this runtime against the runtimes a
 //! user would pick instead, measured side by side in one process.
 //!
 //! What it guards: the scheduler's hot paths — spawn and join (W1), spawn and a one-shot signal

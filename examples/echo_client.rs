@@ -10,6 +10,9 @@ use std::io::{Read, Write};
 use std::time::{Duration, Instant};
 use virtual_threads as vt;
 
+#[path = "common/args.rs"]
+mod args;
+
 /// One connection's run: its round-trip times.
 fn client(addr: &str, msgs: usize, size: usize, seed: usize) -> std::io::Result<Vec<Duration>> {
     let mut conn = vt::net::TcpStream::connect(addr)?;
@@ -31,21 +34,20 @@ fn client(addr: &str, msgs: usize, size: usize, seed: usize) -> std::io::Result<
 }
 
 fn main() {
-    let (mut addr, mut conns, mut msgs, mut size, mut carriers) =
-        ("127.0.0.1:7000".to_string(), 100, 1000, 64, None);
-    let mut args = std::env::args().skip(1);
-    while let Some(flag) = args.next() {
-        let value = args.next().unwrap_or_else(|| fail(&format!("{flag} needs a value")));
-        let num = || value.parse::<usize>().unwrap_or_else(|_| fail(&format!("{flag}: a number")));
-        match flag.as_str() {
-            "--addr" => addr = value.clone(),
-            "--conns" => conns = num(),
-            "--msgs" => msgs = num(),
-            "--size" => size = num().max(1),
-            "--carriers" => carriers = Some(num()),
-            _ => fail(&format!("unknown flag {flag}")),
-        }
-    }
+    let a = args::parse(
+        "echo_client",
+        "load for echo_server: client fibers, one connection each, send messages and check the echo",
+        &[
+            args::flag("--addr", "HOST:PORT", "127.0.0.1:7000", "the server"),
+            args::flag("--conns", "N", "100", "connections, a fiber each"),
+            args::flag("--msgs", "N", "1000", "messages per connection"),
+            args::flag("--size", "BYTES", "64", "bytes per message"),
+            args::flag("--carriers", "N", "", "carriers (default: one per usable CPU)"),
+        ],
+    );
+    let addr: String = a.value("--addr");
+    let (conns, msgs, size) = (a.value::<usize>("--conns"), a.value("--msgs"), a.positive("--size").unwrap());
+    let carriers: Option<usize> = a.get("--carriers");
     let mut builder = vt::Runtime::builder();
     if let Some(n) = carriers {
         builder = builder.carriers(n);

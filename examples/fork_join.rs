@@ -1,4 +1,4 @@
-//! Fork-join, workload W1 of `shared/bench/WORKLOADS.md`: one op spawns n fibers that each
+//! Fork-join, workload W1 of `benches/README.md`: one op spawns n fibers that each
 //! return their index, joins them in spawn order, sums the results and checks the sum. It measures
 //! what a fiber costs from spawn to join: ops per second (median, min and max over the timed ops)
 //! and nanoseconds per fiber (the median op divided by n).
@@ -9,6 +9,11 @@
 
 use std::time::Instant;
 use virtual_threads as vt;
+
+#[path = "common/args.rs"]
+mod args;
+
+const ABOUT: &str = "workload W1 (benches/README.md): spawn n fibers, join them in spawn order, sum";
 
 /// One op: spawn n fibers, join them in spawn order, return the sum of their results.
 fn fork_join(n: u64) -> u64 {
@@ -50,22 +55,18 @@ fn main() {
     println!("  per fiber  {per_fiber:>10.1} ns     median (spawn, run, join)");
 }
 
-/// `--n N`, `--iters K`, `--carriers C`, by hand.
+/// The flags; `--help` lists them.
 fn parse_args() -> Result<(u64, usize, Option<usize>), String> {
-    let (mut n, mut iters, mut carriers) = (10_000, 200, None);
-    let mut args = std::env::args().skip(1);
-    while let Some(flag) = args.next() {
-        let known = ["--n", "--iters", "--carriers"].contains(&flag.as_str());
-        let number = args.next().filter(|_| known).and_then(|v| v.parse::<usize>().ok());
-        let number = number.ok_or(format!("bad argument {flag} (usage: --n N --iters K --carriers C)"))?;
-        match flag.as_str() {
-            "--n" if number > 0 => n = number as u64,
-            "--iters" if number > 0 => iters = number,
-            "--carriers" => carriers = Some(number),
-            _ => return Err(format!("{flag} must be at least 1")),
-        }
-    }
-    Ok((n, iters, carriers))
+    let a = args::parse(
+        "fork_join",
+        ABOUT,
+        &[
+            args::flag("--n", "N", "10000", "fibers per op"),
+            args::flag("--iters", "K", "200", "timed ops"),
+            args::flag("--carriers", "C", "", "carriers (default: one per usable CPU)"),
+        ],
+    );
+    Ok((a.positive("--n").unwrap() as u64, a.positive("--iters").unwrap(), a.get("--carriers")))
 }
 
 /// Reports an error on stderr and exits with status 1.

@@ -1,4 +1,4 @@
-//! Ping-pong, workload W4 of `shared/bench/WORKLOADS.md`: fiber A sends a u64 to fiber B over a
+//! Ping-pong, workload W4 of `benches/README.md`: fiber A sends a u64 to fiber B over a
 //! channel of capacity 1, B sends it back over a second one; r round trips per op, and the
 //! caller joins both. It measures the park/unpark path (each round trip is two parks, two
 //! unparks and two resumptions): nanoseconds per round trip (median, min and max over the ops).
@@ -11,6 +11,11 @@
 
 use std::time::Instant;
 use virtual_threads as vt;
+
+#[path = "common/args.rs"]
+mod args;
+
+const ABOUT: &str = "workload W4 (benches/README.md): two fibers bounce a u64 over channels of capacity 1";
 
 /// One op: `rounds` round trips between two fibers.
 fn ping_pong(rounds: u64) {
@@ -59,23 +64,18 @@ fn main() {
     println!("  per round trip {median:>8.1} ns  median (min {fastest:.1}, max {slowest:.1})");
 }
 
-/// `--rounds R`, `--iters K`, `--carriers C`, by hand.
+/// The flags; `--help` lists them.
 fn parse_args() -> Result<(u64, usize, Option<usize>), String> {
-    let (mut rounds, mut iters, mut carriers) = (10_000, 50, None);
-    let mut args = std::env::args().skip(1);
-    while let Some(flag) = args.next() {
-        let known = ["--rounds", "--iters", "--carriers"].contains(&flag.as_str());
-        let number = args.next().filter(|_| known).and_then(|v| v.parse::<usize>().ok());
-        let number =
-            number.ok_or(format!("bad argument {flag} (usage: --rounds R --iters K --carriers C)"))?;
-        match flag.as_str() {
-            "--rounds" if number > 0 => rounds = number as u64,
-            "--iters" if number > 0 => iters = number,
-            "--carriers" => carriers = Some(number),
-            _ => return Err(format!("{flag} must be at least 1")),
-        }
-    }
-    Ok((rounds, iters, carriers))
+    let a = args::parse(
+        "ping_pong",
+        ABOUT,
+        &[
+            args::flag("--rounds", "R", "10000", "round trips per op"),
+            args::flag("--iters", "K", "50", "timed ops"),
+            args::flag("--carriers", "C", "", "carriers (default: one per usable CPU)"),
+        ],
+    );
+    Ok((a.positive("--rounds").unwrap() as u64, a.positive("--iters").unwrap(), a.get("--carriers")))
 }
 
 /// Reports an error on stderr and exits with status 1.

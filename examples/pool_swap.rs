@@ -12,6 +12,9 @@ use std::sync::{Arc, Condvar, Mutex, mpsc};
 use std::time::{Duration, Instant};
 use virtual_threads as vt;
 
+#[path = "common/args.rs"]
+mod args;
+
 /// The job: the same code on every pool. `vt::sleep` parks a fiber, and on a plain thread it
 /// is `std::thread::sleep`.
 fn fetch_and_process(id: u64) -> u64 {
@@ -90,11 +93,15 @@ fn run(name: &str, pool: &impl Pool, jobs: u64) -> Duration {
 }
 
 fn main() {
-    let arg = |flag: &str, default: u64| {
-        let args: Vec<String> = std::env::args().collect();
-        args.iter().position(|a| a == flag).and_then(|i| args.get(i + 1)?.parse().ok()).unwrap_or(default)
-    };
-    let (jobs, n) = (arg("--jobs", 2000), arg("--threads", 16) as usize);
+    let a = args::parse(
+        "pool_swap",
+        "the same jobs on std threads, vt::ThreadPool::new(n) and vt::ThreadPool::unbounded()",
+        &[
+            args::flag("--jobs", "N", "2000", "jobs, each a 5 ms blocking call then hashing 64 KiB"),
+            args::flag("--threads", "N", "16", "std threads, and the bound of ThreadPool::new"),
+        ],
+    );
+    let (jobs, n): (u64, usize) = (a.value("--jobs"), a.positive("--threads").unwrap());
     println!("{jobs} jobs, each a 5 ms blocking call then hashing 64 KiB");
     let std = run(&format!("std threads ({n})"), &StdPool::new(n), jobs);
     let bounded = run(&format!("vt::ThreadPool::new({n})"), &vt::ThreadPool::new(n), jobs);

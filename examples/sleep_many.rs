@@ -1,4 +1,4 @@
-//! Sleep-many, workload W7 of `shared/bench/WORKLOADS.md`: n fibers each sleep 10 ms; the
+//! Sleep-many, workload W7 of `benches/README.md`: n fibers each sleep 10 ms; the
 //! caller joins all. It measures the timers (arming, firing, waking 10,000 fibers) against the
 //! ideal: milliseconds over 10 ms per op (median, min and max over the ops), and when the last
 //! fiber had armed its timer (how long the spawns and first runs took).
@@ -11,6 +11,12 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 use virtual_threads as vt;
+
+#[path = "common/args.rs"]
+mod args;
+
+const ABOUT: &str =
+    "workload W7 (benches/README.md): n fibers each sleep 10 ms; the op's time against the ideal";
 
 const NAP: Duration = Duration::from_millis(10);
 
@@ -65,23 +71,18 @@ fn main() {
     println!("  last sleep began {:>6.2} ms  into the op (median)", armed[iters / 2]);
 }
 
-/// `--fibers N`, `--iters K`, `--carriers C`, by hand.
+/// The flags; `--help` lists them.
 fn parse_args() -> Result<(usize, usize, Option<usize>), String> {
-    let (mut fibers, mut iters, mut carriers) = (10_000, 30, None);
-    let mut args = std::env::args().skip(1);
-    while let Some(flag) = args.next() {
-        let known = ["--fibers", "--iters", "--carriers"].contains(&flag.as_str());
-        let number = args.next().filter(|_| known).and_then(|v| v.parse::<usize>().ok());
-        let number =
-            number.ok_or(format!("bad argument {flag} (usage: --fibers N --iters K --carriers C)"))?;
-        match flag.as_str() {
-            "--fibers" if number > 0 => fibers = number,
-            "--iters" if number > 0 => iters = number,
-            "--carriers" => carriers = Some(number),
-            _ => return Err(format!("{flag} must be at least 1")),
-        }
-    }
-    Ok((fibers, iters, carriers))
+    let a = args::parse(
+        "sleep_many",
+        ABOUT,
+        &[
+            args::flag("--fibers", "N", "10000", "fibers per op"),
+            args::flag("--iters", "K", "30", "timed ops"),
+            args::flag("--carriers", "C", "", "carriers (default: one per usable CPU)"),
+        ],
+    );
+    Ok((a.positive("--fibers").unwrap(), a.positive("--iters").unwrap(), a.get("--carriers")))
 }
 
 /// Reports an error on stderr and exits with status 1.

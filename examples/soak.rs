@@ -17,6 +17,9 @@ use std::time::{Duration, Instant};
 
 use virtual_threads as vt;
 
+#[path = "common/args.rs"]
+mod args;
+
 struct Options {
     secs: u64,
     every: u64,
@@ -216,28 +219,19 @@ fn payload(p: &(dyn std::any::Any + Send)) -> String {
 }
 
 fn parse_args() -> Result<Options, String> {
-    let mut o = Options { secs: 10, every: 0, carriers: None, net: true };
-    let mut args = std::env::args().skip(1);
-    while let Some(flag) = args.next() {
-        if flag == "--no-net" {
-            o.net = false;
-            continue;
-        }
-        let known = ["--secs", "--every", "--carriers"].contains(&flag.as_str());
-        let number = args.next().filter(|_| known).and_then(|v| v.parse::<u64>().ok());
-        let number =
-            number.ok_or(format!("bad argument {flag} (usage: --secs N --every S --carriers C --no-net)"))?;
-        match flag.as_str() {
-            "--secs" if number > 0 => o.secs = number,
-            "--every" if number > 0 => o.every = number,
-            "--carriers" if number > 0 => o.carriers = Some(number as usize),
-            _ => return Err(format!("{flag} must be at least 1")),
-        }
-    }
-    if o.every == 0 {
-        o.every = (o.secs / 10).clamp(1, 10);
-    }
-    Ok(o)
+    let a = args::parse(
+        "soak",
+        "mixed load for a while; fails if memory or the carrier count drifts",
+        &[
+            args::flag("--secs", "N", "10", "seconds to run"),
+            args::flag("--every", "S", "", "seconds between reports (default: secs / 10, from 1 to 10)"),
+            args::flag("--carriers", "C", "", "carriers (default: one per usable CPU)"),
+            args::flag("--no-net", "", "", "leave out the sockets"),
+        ],
+    );
+    let secs = a.positive("--secs").unwrap() as u64;
+    let every = a.positive("--every").map_or((secs / 10).clamp(1, 10), |n| n as u64);
+    Ok(Options { secs, every, carriers: a.positive("--carriers"), net: !a.switch("--no-net") })
 }
 
 /// Reports an error on stderr and exits with status 1.

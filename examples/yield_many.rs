@@ -1,4 +1,4 @@
-//! Yield-many, workload W5 of `shared/bench/WORKLOADS.md`: t fibers each yield y times; the
+//! Yield-many, workload W5 of `benches/README.md`: t fibers each yield y times; the
 //! caller joins all. It measures the scheduler's round trip through the run queue (a yield is
 //! one switch out, one queue push, one pop and one switch in): nanoseconds per yield (median,
 //! min and max over the ops). Small and deterministic enough to count instructions under
@@ -10,6 +10,11 @@
 
 use std::time::Instant;
 use virtual_threads as vt;
+
+#[path = "common/args.rs"]
+mod args;
+
+const ABOUT: &str = "workload W5 (benches/README.md): t fibers each yield y times";
 
 /// One op: `fibers` fibers, each yielding `yields` times.
 fn yield_many(fibers: usize, yields: usize) {
@@ -56,24 +61,24 @@ fn main() {
     println!("  per yield {median:>8.1} ns  median (min {fastest:.1}, max {slowest:.1})");
 }
 
-/// `--fibers T`, `--yields Y`, `--iters K`, `--carriers C`, by hand.
+/// The flags; `--help` lists them.
 fn parse_args() -> Result<(usize, usize, usize, Option<usize>), String> {
-    let (mut fibers, mut yields, mut iters, mut carriers) = (1_000, 1_000, 20, None);
-    let mut args = std::env::args().skip(1);
-    while let Some(flag) = args.next() {
-        let known = ["--fibers", "--yields", "--iters", "--carriers"].contains(&flag.as_str());
-        let number = args.next().filter(|_| known).and_then(|v| v.parse::<usize>().ok());
-        let number = number
-            .ok_or(format!("bad argument {flag} (usage: --fibers T --yields Y --iters K --carriers C)"))?;
-        match flag.as_str() {
-            "--fibers" if number > 0 => fibers = number,
-            "--yields" if number > 0 => yields = number,
-            "--iters" if number > 0 => iters = number,
-            "--carriers" => carriers = Some(number),
-            _ => return Err(format!("{flag} must be at least 1")),
-        }
-    }
-    Ok((fibers, yields, iters, carriers))
+    let a = args::parse(
+        "yield_many",
+        ABOUT,
+        &[
+            args::flag("--fibers", "T", "1000", "fibers per op"),
+            args::flag("--yields", "Y", "1000", "yields per fiber"),
+            args::flag("--iters", "K", "20", "timed ops"),
+            args::flag("--carriers", "C", "", "carriers (default: one per usable CPU)"),
+        ],
+    );
+    Ok((
+        a.positive("--fibers").unwrap(),
+        a.positive("--yields").unwrap(),
+        a.positive("--iters").unwrap(),
+        a.get("--carriers"),
+    ))
 }
 
 /// Reports an error on stderr and exits with status 1.

@@ -61,9 +61,13 @@ pub enum WaitReason {
     PoolSlot,
     /// [`ThreadPool::join`](crate::ThreadPool::join) or the end of a pool scope.
     PoolJoin,
+    /// [`future::block_on`](crate::future::block_on), waiting for a future's waker.
+    Future,
+    /// [`signal::wait_for`](crate::signal::wait_for) or [`signal::ctrl_c`](crate::signal::ctrl_c).
+    Signal,
 }
 
-const REASONS: [WaitReason; 19] = [
+const REASONS: [WaitReason; 21] = [
     WaitReason::Park,
     WaitReason::Sleep,
     WaitReason::Join,
@@ -83,6 +87,8 @@ const REASONS: [WaitReason; 19] = [
     WaitReason::NetWrite,
     WaitReason::PoolSlot,
     WaitReason::PoolJoin,
+    WaitReason::Future,
+    WaitReason::Signal,
 ];
 
 /// In a record's `wait` byte: the park has a deadline (a timer will wake it).
@@ -105,9 +111,10 @@ impl WaitReason {
         matches!(self, WaitReason::Join | WaitReason::PoolJoin | WaitReason::Scope)
     }
 
-    /// Whether something outside the runtime's view (a peer on the network) can end this wait.
+    /// Whether something outside the runtime's view (a peer on the network, another runtime
+    /// holding a future's waker, a signal) can end this wait.
     fn is_io(self) -> bool {
-        matches!(self, WaitReason::NetRead | WaitReason::NetWrite)
+        matches!(self, WaitReason::NetRead | WaitReason::NetWrite | WaitReason::Future | WaitReason::Signal)
     }
 }
 
@@ -133,6 +140,8 @@ impl fmt::Display for WaitReason {
             WaitReason::NetWrite => "socket write",
             WaitReason::PoolSlot => "a ThreadPool slot",
             WaitReason::PoolJoin => "ThreadPool jobs to finish",
+            WaitReason::Future => "a future (vt::future::block_on)",
+            WaitReason::Signal => "a signal (vt::signal)",
         })
     }
 }

@@ -1,4 +1,4 @@
-//! File-system calls for fibers: each runs as a [`blocking`](crate::blocking) section, as the
+//! File-system calls for fibers: each runs as a [`blocking`] section, as the
 //! JVM does for file I/O, so a slow disk holds one carrier and the runtime compensates at once.
 //! The types and signatures are `std::fs`'s; from a plain thread they are plain `std::fs` calls.
 

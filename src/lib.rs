@@ -9,6 +9,47 @@
 //! assert_eq!(sum, 999 * 1000);
 //! ```
 //!
+//! A server is a fiber per connection, each plain blocking code ([`net`]); the clients here
+//! are fibers too:
+//!
+//! ```
+//! use std::io::{BufRead, BufReader, Write};
+//! use virtual_threads as vt;
+//!
+//! fn main() -> std::io::Result<()> {
+//!     let listener = vt::net::TcpListener::bind("127.0.0.1:0")?;
+//!     let addr = listener.local_addr()?;
+//!     // Serves 100 connections, then returns (a real server loops until it is told to stop:
+//!     // examples/echo_server.rs stops on Ctrl-C).
+//!     let server = vt::spawn(move || -> std::io::Result<()> {
+//!         for conn in listener.incoming().take(100) {
+//!             let mut conn = conn?;
+//!             vt::spawn(move || -> std::io::Result<()> {
+//!                 let mut line = String::new();
+//!                 BufReader::new(conn.try_clone()?).read_line(&mut line)?; // parks the fiber
+//!                 conn.write_all(line.to_uppercase().as_bytes())
+//!             });
+//!         }
+//!         Ok(())
+//!     });
+//!     let clients: Vec<_> = (0..100)
+//!         .map(|i| {
+//!             vt::spawn(move || -> std::io::Result<String> {
+//!                 let mut conn = vt::net::TcpStream::connect(addr)?;
+//!                 conn.write_all(format!("hello {i}\n").as_bytes())?;
+//!                 let mut reply = String::new();
+//!                 BufReader::new(conn).read_line(&mut reply)?;
+//!                 Ok(reply)
+//!             })
+//!         })
+//!         .collect();
+//!     for (i, client) in clients.into_iter().enumerate() {
+//!         assert_eq!(client.join().unwrap()?, format!("HELLO {i}\n"));
+//!     }
+//!     server.join().unwrap()
+//! }
+//! ```
+//!
 //! # Glossary
 //! - **Fiber**: a virtual thread; a stackful coroutine with its own small stack (128 KiB of
 //!   reserved address space by default, of which it uses only the pages it touches).
@@ -39,6 +80,7 @@ pub mod channel;
 mod diagnostics;
 mod fiber;
 pub mod fs;
+pub mod future;
 mod metrics;
 pub mod net;
 mod platform;
@@ -46,6 +88,7 @@ mod pool;
 pub mod runtime;
 mod scheduler;
 mod scope;
+pub mod signal;
 pub mod sync;
 mod time;
 

@@ -31,7 +31,8 @@ impl Builder {
         Builder::default()
     }
 
-    /// Names the fiber; the name shows in panics' messages, dumps and [`Fiber::name`].
+    /// Names the fiber; the name shows in panics' messages, dumps and
+    /// [`Fiber::name`](crate::Fiber::name).
     ///
     /// A panic in a fiber prints a line naming the fiber (id, name, spawn site) before the
     /// message of the panic hook that was set when the first runtime started (std's names the

@@ -113,6 +113,20 @@ impl Fiber {
         Fiber { tagged: unsafe { NonNull::new_unchecked(p.cast()) } }
     }
 
+    /// Gives up the handle as one pointer, its count included (a waker's data: `future.rs`).
+    pub(crate) fn into_raw(self) -> *const () {
+        std::mem::ManuallyDrop::new(self).tagged.as_ptr()
+    }
+
+    /// Takes back a handle given up by [`Fiber::into_raw`].
+    ///
+    /// # Safety
+    /// `p` comes from `into_raw`, and each such pointer is taken back once.
+    pub(crate) unsafe fn from_raw(p: *const ()) -> Fiber {
+        // SAFETY: `into_raw` gave the non-null `tagged` pointer, with the count it owns.
+        Fiber { tagged: unsafe { NonNull::new_unchecked(p.cast_mut()) } }
+    }
+
     fn from_thread(thread: std::thread::Thread, id: FiberId) -> Fiber {
         let p = Arc::into_raw(Arc::new(PlainThread { thread, id })).cast_mut();
         // SAFETY: an `Arc`'s pointer is non-null and 8-aligned, so the tagged one is non-null.

@@ -11,20 +11,24 @@
 //! use std::io::{Read, Write};
 //! use virtual_threads as vt;
 //!
-//! let listener = vt::net::TcpListener::bind("127.0.0.1:7000").unwrap();
-//! vt::spawn(move || {
-//!     for conn in listener.incoming() {
-//!         let Ok(mut conn) = conn else { continue }; // e.g. EMFILE: the listener stays usable
-//!         vt::spawn(move || {
-//!             let mut buf = [0; 4096];
-//!             while let Ok(n @ 1..) = conn.read(&mut buf) {
-//!                 if conn.write_all(&buf[..n]).is_err() {
-//!                     break;
+//! fn main() -> std::io::Result<()> {
+//!     let listener = vt::net::TcpListener::bind("127.0.0.1:7000")?;
+//!     let server = vt::spawn(move || {
+//!         for conn in listener.incoming() {
+//!             let Ok(mut conn) = conn else { continue }; // e.g. EMFILE: the listener stays usable
+//!             vt::spawn(move || {
+//!                 let mut buf = [0; 4096];
+//!                 while let Ok(n @ 1..) = conn.read(&mut buf) {
+//!                     if conn.write_all(&buf[..n]).is_err() {
+//!                         break;
+//!                     }
 //!                 }
-//!             }
-//!         });
-//!     }
-//! });
+//!             });
+//!         }
+//!     });
+//!     server.join().unwrap(); // serves until the process is stopped
+//!     Ok(())
+//! }
 //! ```
 //!
 //! Layout: `tcp`, `udp` and `unix` hold the public types; every blocking operation runs through

@@ -1,8 +1,10 @@
-//! Signal plumbing for the stack-overflow report: a SIGSEGV/SIGBUS handler on an alternate
-//! signal stack, chained to whatever handler was there before.
+//! Signal plumbing: for the stack-overflow report, a SIGSEGV/SIGBUS handler on an alternate
+//! signal stack, chained to whatever handler was there before; for `vt::signal`, a handler that
+//! counts a signal and wakes a forwarding thread through a pipe.
 
 use std::io;
 use std::mem::MaybeUninit;
+use std::sync::atomic::{AtomicI32, AtomicU64, Ordering};
 
 /// The handler's signature (`SA_SIGINFO`).
 pub(crate) type Handler = extern "C" fn(libc::c_int, *mut libc::siginfo_t, *mut libc::c_void);
@@ -83,4 +85,86 @@ pub(crate) fn write_stderr(bytes: &[u8]) {
 pub(crate) fn abort() -> ! {
     // SAFETY: no preconditions; async-signal-safe.
     unsafe { libc::abort() }
+}
+
+// --- Forwarding signals to `vt::signal`'s waiters (`crate::signal`). ---
+
+/// Signal numbers the forwarder takes: 1 to 64 (Linux's `_NSIG` is 65).
+pub(crate) const FORWARD_MAX: usize = 64;
+
+/// Per signal, how many times it was delivered since its handler was installed.
+static DELIVERED: [AtomicU64; FORWARD_MAX + 1] = [const { AtomicU64::new(0) }; FORWARD_MAX + 1];
+/// The write end of the pipe that wakes the forwarding thread; -1 until `forward_pipe`.
+static FORWARD_FD: AtomicI32 = AtomicI32::new(-1);
+
+/// Makes the pipe the handler writes to and returns its read end. Its write end is
+/// non-blocking: a burst of signals that fills it loses bytes, not counts (and the reader
+/// wakes all waiters for any byte).
+pub(crate) fn forward_pipe() -> io::Result<i32> {
+    let mut fds = [0i32; 2];
+    // SAFETY: `fds` is a valid array of two ints for pipe2 to fill.
+    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: `fds[1]` is the write end just made; setting O_NONBLOCK has no other effect.
+    unsafe { libc::fcntl(fds[1], libc::F_SETFL, libc::O_NONBLOCK) };
+    FORWARD_FD.store(fds[1], Ordering::Release);
+    Ok(fds[0])
+}
+
+/// Installs the forwarding handler for `sig` (after `forward_pipe`). It replaces the
+/// signal's previous action for the rest of the process's life.
+pub(crate) fn forward(sig: libc::c_int) -> io::Result<()> {
+    if !(1..=FORWARD_MAX as libc::c_int).contains(&sig) {
+        return Err(io::Error::new(io::ErrorKind::InvalidInput, format!("signal {sig} out of range")));
+    }
+    // SAFETY: a zeroed sigaction is a valid starting value; we fill the handler and flags.
+    let mut sa: libc::sigaction = unsafe { MaybeUninit::zeroed().assume_init() };
+    sa.sa_sigaction = on_forwarded as extern "C" fn(libc::c_int) as usize;
+    sa.sa_flags = libc::SA_RESTART;
+    // SAFETY: `sa` is initialised; the handler is async-signal-safe (see it).
+    if unsafe { libc::sigaction(sig, &sa, std::ptr::null_mut()) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// How many times `sig` was delivered since `forward(sig)`.
+pub(crate) fn delivered(sig: libc::c_int) -> u64 {
+    DELIVERED.get(sig as usize).map_or(0, |c| c.load(Ordering::Acquire))
+}
+
+extern "C" fn on_forwarded(sig: libc::c_int) {
+    // Async-signal-safe: an atomic add, an atomic load and write(2); errno is saved around
+    // it because the interrupted code may be about to read it.
+    if let Some(c) = DELIVERED.get(sig as usize) {
+        c.fetch_add(1, Ordering::Release);
+    }
+    let fd = FORWARD_FD.load(Ordering::Acquire);
+    if fd < 0 {
+        return;
+    }
+    // SAFETY: errno's location is thread-local and valid for the thread the signal runs on.
+    let saved = unsafe { *libc::__errno_location() };
+    let byte = sig as u8;
+    // SAFETY: `fd` is the pipe's write end, open for the process's life; one byte from a local.
+    unsafe { libc::write(fd, (&byte as *const u8).cast(), 1) };
+    // SAFETY: as above.
+    unsafe { *libc::__errno_location() = saved };
+}
+
+/// Blocks the calling (plain) thread until the pipe's read end `fd` has bytes; returns
+/// false if it is closed or broken.
+pub(crate) fn wait_forwarded(fd: i32) -> bool {
+    let mut buf = [0u8; 64];
+    loop {
+        // SAFETY: `buf` is a valid writable buffer of its length; `fd` is the pipe's read end.
+        let n = unsafe { libc::read(fd, buf.as_mut_ptr().cast(), buf.len()) };
+        if n > 0 {
+            return true;
+        }
+        if n == 0 || io::Error::last_os_error().kind() != io::ErrorKind::Interrupted {
+            return false;
+        }
+    }
 }

@@ -4,7 +4,7 @@
 //! from a plain OS thread, that thread), so the same code works in both.
 //!
 //! Every primitive is an atomic state word for the uncontended path (one compare-and-swap to
-//! lock, one to unlock, no allocation) plus, for the contended path, a FIFO [`wait_list`] of
+//! lock, one to unlock, no allocation) plus, for the contended path, a FIFO `wait_list` of
 //! heap-allocated waiters behind a short inner lock that is never held across a park. Every
 //! park goes through `wait_list::park` with a `WaitReason`. Fairness: `Mutex` allows bounded
 //! barging (a woken waiter that loses once gets the lock handed over next time); `RwLock`,
