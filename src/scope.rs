@@ -223,6 +223,11 @@ where
 /// Runs `f` with the calling fiber pinned to its current carrier: it may park and yield, but
 /// resumes only there, so `!Send` values and thread-local references may be held across switch
 /// points inside `f`. On a plain thread it just runs `f`.
+///
+/// By default every started fiber already stays on its home carrier, so this changes nothing;
+/// it matters on a runtime built with the `unsafe` opt-in
+/// [`runtime::Builder::migrate_started_fibers`](crate::runtime::Builder::migrate_started_fibers),
+/// for a section that cannot keep that mode's contract.
 pub fn pinned<F, T>(f: F) -> T
 where
     F: FnOnce() -> T,
