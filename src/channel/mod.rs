@@ -1,6 +1,6 @@
 //! Multi-producer multi-consumer channels whose blocked senders and receivers park their
 //! *fiber* (or plain thread), in crossbeam-channel's shapes: [`bounded`] (with `bounded(0)` a
-//! rendezvous), [`unbounded`], [`oneshot`], the timers [`after`], [`tick`] and [`never`], and
+//! rendezvous), [`unbounded`], [`oneshot`], the timers [`after`], [`tick`] and [`never`](fn@never), and
 //! waiting on several at once: [`select!`](crate::select), [`select_biased!`](crate::select_biased)
 //! and the dynamic [`Select`].
 //!
