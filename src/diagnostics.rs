@@ -60,9 +60,11 @@ pub enum WaitReason {
     PoolSlot,
     /// [`ThreadPool::join`](crate::ThreadPool::join) or the end of a pool scope.
     PoolJoin,
+    /// [`blocking`](crate::blocking), its closure running on a helper thread.
+    Blocking,
 }
 
-const REASONS: [WaitReason; 19] = [
+const REASONS: [WaitReason; 20] = [
     WaitReason::Park,
     WaitReason::Sleep,
     WaitReason::Join,
@@ -82,6 +84,7 @@ const REASONS: [WaitReason; 19] = [
     WaitReason::NetWrite,
     WaitReason::PoolSlot,
     WaitReason::PoolJoin,
+    WaitReason::Blocking,
 ];
 
 /// In a record's `wait` byte: the park has a deadline (a timer will wake it).
@@ -104,9 +107,10 @@ impl WaitReason {
         matches!(self, WaitReason::Join | WaitReason::PoolJoin | WaitReason::Scope)
     }
 
-    /// Whether something outside the runtime's view (a peer on the network) can end this wait.
+    /// Whether something outside the runtime's view (a peer on the network, a helper thread
+    /// running a `blocking` closure) can end this wait.
     fn is_io(self) -> bool {
-        matches!(self, WaitReason::NetRead | WaitReason::NetWrite)
+        matches!(self, WaitReason::NetRead | WaitReason::NetWrite | WaitReason::Blocking)
     }
 }
 
@@ -132,6 +136,7 @@ impl fmt::Display for WaitReason {
             WaitReason::NetWrite => "socket write",
             WaitReason::PoolSlot => "a ThreadPool slot",
             WaitReason::PoolJoin => "ThreadPool jobs to finish",
+            WaitReason::Blocking => "vt::blocking on a helper thread",
         })
     }
 }

@@ -11,8 +11,10 @@ use std::panic::{AssertUnwindSafe, Location, catch_unwind, resume_unwind};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
+use crate::diagnostics::WaitReason;
 use crate::fiber::builder::Builder;
 use crate::fiber::compact::Lent;
+use crate::fiber::park::{WaitOnUnwind, finished};
 use crate::fiber::{JoinHandle, NO_HOME};
 use crate::runtime::context;
 use crate::{Fiber, current};
@@ -82,6 +84,8 @@ where
         scope: PhantomData,
         env: PhantomData,
     };
+    // Unwound from a wait (the runtime's drop), the frame still outlives the scoped fibers.
+    let _wait = WaitOnUnwind::new(WaitReason::Scope, || scope.data.running.load(Ordering::Acquire) == 0);
     let result = catch_unwind(AssertUnwindSafe(|| f(&scope)));
     while scope.data.running.load(Ordering::Acquire) != 0 {
         crate::fiber::park::park_for(crate::diagnostics::WaitReason::Scope, None);
@@ -173,6 +177,9 @@ where
         Builder::new().spawn_unchecked_at(rt, b, at, None)
     })
     .unwrap_or_else(|e| panic!("failed to spawn fiber: {e}"));
+    // Unwound from the join (the runtime's drop), the frame still outlives `b`.
+    let watch = hb.fiber().clone();
+    let _wait = WaitOnUnwind::new(WaitReason::Join, move || finished(&watch));
     let ra = catch_unwind(AssertUnwindSafe(a));
     let rb = hb.join();
     match (ra, rb) {

@@ -323,6 +323,49 @@ fn park_fiber(rec: &FiberRecord, cancelling: bool, reason: WaitReason, deadline:
     armed.is_some_and(|g| !crate::time::disarm(rec, g))
 }
 
+/// A guard for a fiber whose frame others borrow while it waits (`block_on`, `scope`, `join`,
+/// `ThreadPool::scope`, `blocking`): dropped while unwinding (the runtime's drop unwinding the
+/// fiber from its wait, or a panic), it waits until `done()` says the borrowers have finished,
+/// so the frame is never freed under them, whichever runtime or thread they run on. Waiting in
+/// an unwind does not switch: in a runtime's drop it unwinds other fibers meanwhile
+/// (`park_fiber`'s cancelling branch), elsewhere it waits on the OS thread.
+pub(crate) struct WaitOnUnwind<F: FnMut() -> bool> {
+    done: F,
+    reason: WaitReason,
+}
+
+impl<F: FnMut() -> bool> WaitOnUnwind<F> {
+    pub(crate) fn new(reason: WaitReason, done: F) -> WaitOnUnwind<F> {
+        WaitOnUnwind { done, reason }
+    }
+}
+
+impl<F: FnMut() -> bool> Drop for WaitOnUnwind<F> {
+    fn drop(&mut self) {
+        if !std::thread::panicking() || (self.done)() {
+            return;
+        }
+        let start = Instant::now();
+        let mut said = false;
+        while !(self.done)() {
+            if !said && start.elapsed() >= Duration::from_secs(1) {
+                said = true;
+                eprintln!(
+                    "virtual-threads: a fiber being unwound (its runtime dropped) waits for work that borrows \
+                     from its stack ({}) to finish before its frame is freed",
+                    self.reason
+                );
+            }
+            park_for(self.reason, None);
+        }
+    }
+}
+
+/// Whether the fiber of `f` has finished (its closure is gone), for `WaitOnUnwind`.
+pub(crate) fn finished(f: &Fiber) -> bool {
+    f.record().is_none_or(|r| r.state() == super::DONE)
+}
+
 /// A park while the fiber unwinds: wait on this carrier thread without switching.
 #[cold]
 fn park_unwinding(rec: &FiberRecord, deadline: Option<Instant>) {
