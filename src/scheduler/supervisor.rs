@@ -165,8 +165,29 @@ fn sample(rt: &Shared, i: usize, w: &mut Watch, starving: &mut HashSet<usize>) -
             slot.caught.store(true, Ordering::Release);
             rt.compensate();
         }
+    } else if w.blocked && lifo_may_run_elsewhere(rt, i) {
+        // Still blocked, and a fiber sits in its hand-off slot that another carrier may take
+        // (`find_work` takes a caught carrier's): the fiber running there keeps waking fibers
+        // into that slot (a loop of `try_send`s), and a hand-off into an empty slot wakes no
+        // idle carrier, so after the first one, taken at the detection, each would wait for
+        // ever. Wake one at every sample while this lasts.
+        rt.notify();
     }
     true
+}
+
+/// Whether carrier `i`'s hand-off slot holds a fiber that may run on another carrier (not
+/// homed on `i`).
+fn lifo_may_run_elsewhere(rt: &Shared, i: usize) -> bool {
+    let p = rt.slots[i].lifo.load(Ordering::Acquire);
+    if p.is_null() {
+        return false;
+    }
+    // SAFETY: the slot holds record pointers, and records are freed only with the runtime's
+    // state, which `rt` keeps alive: even one taken meanwhile is live memory, and `home` is an
+    // atomic (a stale read costs one needless wake-up).
+    let home = unsafe { &*p }.home.load(Ordering::Relaxed);
+    home != i
 }
 
 /// What procfs says of a carrier thread (`thread_stat`).
