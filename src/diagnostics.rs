@@ -569,6 +569,36 @@ pub(crate) fn warn_starvation(
     );
 }
 
+/// The supervisor found carrier `carrier` blocked in the OS for `blocked_for` while `waiting`
+/// fibers that can run only there (started on it) wait: say which fiber blocks it, and the fix.
+pub(crate) fn report_blocked(rt: &Shared, carrier: usize, blocked_for: Duration, waiting: usize) {
+    let dump = collect(rt);
+    let line = dump
+        .fibers
+        .iter()
+        .find(|f| match f.state {
+            FiberState::Running { carrier: c } | FiberState::Blocking { carrier: c, .. } => c == carrier,
+            _ => false,
+        })
+        .map(|f| {
+            let name = f.name.as_deref().map(|n| format!(" {n:?}")).unwrap_or_default();
+            format!("fiber {}{name}, spawned at {},", f.id, f.spawned_at)
+        })
+        .unwrap_or_else(|| "a fiber".into());
+    let (fibers, they, wait) =
+        if waiting == 1 { ("fiber", "it", "waits") } else { ("fibers", "they", "wait") };
+    eprintln!(
+        "virtual-threads: carrier {carrier} blocked: {line} has blocked its OS thread for {} ms \
+         while {waiting} {fibers} that can run only on this carrier ({they} started there) {wait} \
+         behind it. Run the blocking call in vt::blocking(|| ...), or use its vt twin (vt::sleep, \
+         vt::sync::Mutex, vt::channel, vt::net, vt::fs), so that the fiber parks instead. If it \
+         waits for a std::sync::Mutex, a fiber of this carrier may hold the guard across a \
+         switch point and can never release it: use vt::sync::Mutex, or release the guard before \
+         any vt call. (Reported once per spawn location.)",
+        blocked_for.as_millis()
+    );
+}
+
 // --- SIGQUIT: print every opted-in runtime's dump, as the JVM prints its thread dump. ---
 
 /// Runtimes that asked for a dump on SIGQUIT. Its lock also serialises installing the handler.

@@ -35,6 +35,7 @@
 
 #![warn(missing_docs, unreachable_pub)]
 
+mod blocking;
 pub mod channel;
 mod diagnostics;
 mod fiber;
@@ -49,6 +50,7 @@ mod scope;
 pub mod sync;
 mod time;
 
+pub use blocking::blocking;
 pub use diagnostics::{FiberDump, FiberGroup, FiberInfo, FiberState, WaitReason};
 pub use fiber::builder::{Builder, spawn};
 pub use fiber::compact::no_compaction;
@@ -59,4 +61,4 @@ pub use fiber::stack::{DEFAULT_STACK_SIZE, MAX_STACK_SIZE, MIN_STACK_SIZE};
 pub use metrics::{BlockingLocation, Metrics};
 pub use pool::{PoolScope, ThreadPool, ThreadPoolBuilder};
 pub use runtime::{Handle, Runtime};
-pub use scope::{Scope, ScopedJoinHandle, blocking, join, pinned, scope};
+pub use scope::{Scope, ScopedJoinHandle, join, pinned, scope};

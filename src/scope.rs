@@ -179,9 +179,10 @@ where
     .unwrap_or_else(|e| panic!("failed to spawn fiber: {e}"));
     // Unwound from the join (the runtime's drop), the frame still outlives `b`.
     let watch = hb.fiber().clone();
-    let _wait = WaitOnUnwind::new(WaitReason::Join, move || finished(&watch));
+    let mut wait = WaitOnUnwind::new(WaitReason::Join, move || finished(&watch));
     let ra = catch_unwind(AssertUnwindSafe(a));
     let rb = hb.join();
+    wait.disarm();
     match (ra, rb) {
         (Ok(ra), Ok(rb)) => (ra, rb),
         (Err(e), _) | (_, Err(e)) => resume_unwind(e),
@@ -223,20 +224,13 @@ where
     f()
 }
 
-/// Runs `f`, a call known to block the OS thread (a blocking syscall, a foreign library, a
-/// `std::sync::Mutex` held elsewhere), and compensates at once: the carrier counts as blocked
-/// and, if fewer than the target number of carriers could still run fibers, a spare carrier is
-/// woken or started (within `max_carriers`) so the fibers queued behind this one do not wait.
-/// The spare retires when it is no longer needed. From a plain thread it just runs `f`.
-///
-/// Without `blocking`, the supervisor notices a stuck carrier after about two
-/// `supervisor_interval`s and compensates then; `blocking` skips that delay.
-#[track_caller]
-pub fn blocking<F, T>(f: F) -> T
+/// Runs `f` on this carrier, counted as blocked and compensated at once (a spare carrier is
+/// woken or started, within `max_carriers`, for the fibers that can move). What `vt::blocking`
+/// falls back to when no helper thread can be started. From a plain thread it just runs `f`.
+pub(crate) fn blocking_here<F, T>(at: &'static Location<'static>, f: F) -> T
 where
     F: FnOnce() -> T,
 {
-    let at = Location::caller();
     let c = context::carrier();
     let rec = context::current_fiber();
     if c.is_null() || rec.is_null() || std::thread::panicking() {

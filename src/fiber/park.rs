@@ -332,17 +332,23 @@ fn park_fiber(rec: &FiberRecord, cancelling: bool, reason: WaitReason, deadline:
 pub(crate) struct WaitOnUnwind<F: FnMut() -> bool> {
     done: F,
     reason: WaitReason,
+    armed: bool,
 }
 
 impl<F: FnMut() -> bool> WaitOnUnwind<F> {
     pub(crate) fn new(reason: WaitReason, done: F) -> WaitOnUnwind<F> {
-        WaitOnUnwind { done, reason }
+        WaitOnUnwind { done, reason, armed: true }
+    }
+
+    /// The wait it guards is over (the borrowers are done): a later unwind need not wait.
+    pub(crate) fn disarm(&mut self) {
+        self.armed = false;
     }
 }
 
 impl<F: FnMut() -> bool> Drop for WaitOnUnwind<F> {
     fn drop(&mut self) {
-        if !std::thread::panicking() || (self.done)() {
+        if !self.armed || !std::thread::panicking() || (self.done)() {
             return;
         }
         let start = Instant::now();
@@ -356,7 +362,9 @@ impl<F: FnMut() -> bool> Drop for WaitOnUnwind<F> {
                     self.reason
                 );
             }
-            park_for(self.reason, None);
+            // Timed: `done` may turn true with nobody to unpark this fiber or thread (a
+            // record marked finished just after its result was published).
+            park_for(self.reason, Instant::now().checked_add(Duration::from_millis(1)));
         }
     }
 }

@@ -185,8 +185,10 @@ impl Handle {
         // Unwound from the wait below (this runtime's drop, or another's that runs this fiber),
         // the frame `f` borrows from must outlive `f` all the same.
         let watch = h.fiber().clone();
-        let _wait = WaitOnUnwind::new(WaitReason::Join, move || finished(&watch));
-        match h.join() {
+        let mut wait = WaitOnUnwind::new(WaitReason::Join, move || finished(&watch));
+        let r = h.join();
+        wait.disarm();
+        match r {
             Ok(v) => v,
             Err(p) => resume_unwind(p),
         }
@@ -287,7 +289,7 @@ extern "C" fn after_fork_in_child() {
     FORKS.fetch_add(1, Ordering::Relaxed);
 }
 
-fn forks() -> u64 {
+pub(crate) fn forks() -> u64 {
     FORKS.load(Ordering::Relaxed)
 }
 
@@ -383,9 +385,10 @@ mod tests {
                 std::thread::yield_now();
             }
         }));
-        // Its `blocking` call makes the only carrier count as blocked: compensation starts
+        // Its blocking section (in place: `vt::blocking` runs on a helper thread) makes the only
+        // carrier count as blocked: compensation starts
         // carrier 1, and the hook stops it there.
-        let blocker = rt.spawn(|| crate::blocking(|| ()));
+        let blocker = rt.spawn(|| crate::scope::blocking_here(std::panic::Location::caller(), || ()));
         let started = spawned_rx.recv_timeout(Duration::from_secs(30));
         drop(rt);
         *CARRIER_SPAWNED.lock().unwrap() = None;
