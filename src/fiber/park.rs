@@ -323,6 +323,11 @@ fn park_fiber(rec: &FiberRecord, cancelling: bool, reason: WaitReason, deadline:
     armed.is_some_and(|g| !crate::time::disarm(rec, g))
 }
 
+/// How long a fiber being unwound by its runtime's drop waits for its borrowers on the thread
+/// before it unwinds others from its wait (borrowers of the same runtime that the drop's order
+/// has not reached, and that only this thread may unwind).
+const NESTED_UNWIND_AFTER: Duration = Duration::from_millis(100);
+
 /// A guard for a fiber whose frame others borrow while it waits (`block_on`, `scope`, `join`,
 /// `ThreadPool::scope`, `blocking`): dropped while unwinding (the runtime's drop unwinding the
 /// fiber from its wait, or a panic), it waits until `done()` says the borrowers have finished,
@@ -361,6 +366,14 @@ impl<F: FnMut() -> bool> Drop for WaitOnUnwind<F> {
                      from its stack ({}) to finish before its frame is freed",
                     self.reason
                 );
+            }
+            if !context::cancelling().is_null() && start.elapsed() < NESTED_UNWIND_AFTER {
+                // The drop unwinds this fiber: wait on the thread first. A park here unwinds
+                // another fiber from this one's stack (`park_fiber`), which valgrind could not
+                // follow (bug 11 in `arch/reliability.md`); borrowers on another runtime or
+                // thread finish by themselves.
+                std::thread::sleep(Duration::from_micros(200));
+                continue;
             }
             // Timed: `done` may turn true with nobody to unpark this fiber or thread (a
             // record marked finished just after its result was published).
