@@ -563,8 +563,8 @@ pub(crate) fn warn_starvation(
     eprintln!(
         "virtual-threads: CPU starvation: {line} has run on carrier {carrier} for {} ms without a \
          switch while every carrier is busy; the fibers queued behind it wait. Call vt::yield_now() \
-         in long loops, or run the computation in vt::blocking so a spare carrier takes over the \
-         queue. (Reported once per spawn location.){host}",
+         in long loops, or run the computation in vt::blocking (on a helper thread) so the carrier runs the \
+         fibers queued behind it. (Reported once per spawn location.){host}",
         ran_for.as_millis()
     );
 }
