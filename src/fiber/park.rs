@@ -298,8 +298,8 @@ fn park_fiber(rec: &FiberRecord, cancelling: bool, reason: WaitReason, deadline:
         return false;
     }
     if cancelling {
-        // The runtime is being dropped and is unwinding this fiber on the dropping thread:
-        // nothing will ever run it again. Whatever it waits for (a scoped fiber, a joined one)
+        // The runtime is being dropped and is unwinding this fiber (on its home carrier's
+        // thread, or the dropping thread): nothing will ever run it again. Whatever it waits for (a scoped fiber, a joined one)
         // can only finish by being unwound too, so unwind another fiber, then return (a
         // spurious wake-up: the caller re-checks its condition).
         if !crate::runtime::cancel_one(rec.runtime()) {

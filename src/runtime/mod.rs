@@ -1,9 +1,10 @@
 //! `Runtime` and `Handle`: start carriers, run fibers to completion, stop and clean up.
 //!
 //! A runtime is its `Shared` scheduler state plus the carrier threads. Dropping it stops the
-//! carriers, then unwinds every fiber that has not finished (parked, queued, or never started)
-//! on the dropping thread, so their destructors run and joiners get an error instead of
-//! waiting for ever. See `arch/overview.md`.
+//! carriers' loops, then unwinds every fiber that has not finished (parked, queued, or never
+//! started), each started one on its home carrier's thread (`shutdown.rs`), so their
+//! destructors run and joiners get an error instead of waiting for ever. See
+//! `arch/overview.md` and `arch/scheduler.md` "Shutdown".
 
 pub mod builder;
 pub(crate) mod config;
