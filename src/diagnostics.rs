@@ -65,9 +65,11 @@ pub enum WaitReason {
     Future,
     /// [`signal::wait_for`](crate::signal::wait_for) or [`signal::ctrl_c`](crate::signal::ctrl_c).
     Signal,
+    /// [`blocking`](crate::blocking), its closure running on a helper thread.
+    Blocking,
 }
 
-const REASONS: [WaitReason; 21] = [
+const REASONS: [WaitReason; 22] = [
     WaitReason::Park,
     WaitReason::Sleep,
     WaitReason::Join,
@@ -89,6 +91,7 @@ const REASONS: [WaitReason; 21] = [
     WaitReason::PoolJoin,
     WaitReason::Future,
     WaitReason::Signal,
+    WaitReason::Blocking,
 ];
 
 /// In a record's `wait` byte: the park has a deadline (a timer will wake it).
@@ -112,9 +115,13 @@ impl WaitReason {
     }
 
     /// Whether something outside the runtime's view (a peer on the network, another runtime
-    /// holding a future's waker, a signal) can end this wait.
+    /// holding a future's waker, a signal, a helper thread running a `blocking` closure) can
+    /// end this wait.
     fn is_io(self) -> bool {
-        matches!(self, WaitReason::NetRead | WaitReason::NetWrite | WaitReason::Future | WaitReason::Signal)
+        matches!(
+            self,
+            WaitReason::NetRead | WaitReason::NetWrite | WaitReason::Future | WaitReason::Signal | WaitReason::Blocking
+        )
     }
 }
 
@@ -142,6 +149,7 @@ impl fmt::Display for WaitReason {
             WaitReason::PoolJoin => "ThreadPool jobs to finish",
             WaitReason::Future => "a future (vt::future::block_on)",
             WaitReason::Signal => "a signal (vt::signal)",
+            WaitReason::Blocking => "vt::blocking on a helper thread",
         })
     }
 }
@@ -569,8 +577,8 @@ pub(crate) fn warn_starvation(
     eprintln!(
         "virtual-threads: CPU starvation: {line} has run on carrier {carrier} for {} ms without a \
          switch while every carrier is busy; the fibers queued behind it wait. Call vt::yield_now() \
-         in long loops, or run the computation in vt::blocking so a spare carrier takes over the \
-         queue. (Reported once per spawn location.){host}",
+         in long loops, or run the computation in vt::blocking (on a helper thread) so the carrier runs the \
+         fibers queued behind it. (Reported once per spawn location.){host}",
         ran_for.as_millis()
     );
 }
@@ -652,6 +660,37 @@ pub(crate) fn install_panic_hook() {
         }
         previous(info)
     }));
+}
+
+
+/// The supervisor found carrier `carrier` blocked in the OS for `blocked_for` while `waiting`
+/// fibers that can run only there (started on it) wait: say which fiber blocks it, and the fix.
+pub(crate) fn report_blocked(rt: &Shared, carrier: usize, blocked_for: Duration, waiting: usize) {
+    let dump = collect(rt);
+    let line = dump
+        .fibers
+        .iter()
+        .find(|f| match f.state {
+            FiberState::Running { carrier: c } | FiberState::Blocking { carrier: c, .. } => c == carrier,
+            _ => false,
+        })
+        .map(|f| {
+            let name = f.name.as_deref().map(|n| format!(" {n:?}")).unwrap_or_default();
+            format!("fiber {}{name}, spawned at {},", f.id, f.spawned_at)
+        })
+        .unwrap_or_else(|| "a fiber".into());
+    let (fibers, they, wait) =
+        if waiting == 1 { ("fiber", "it", "waits") } else { ("fibers", "they", "wait") };
+    eprintln!(
+        "virtual-threads: carrier {carrier} blocked: {line} has blocked its OS thread for {} ms \
+         while {waiting} {fibers} that can run only on this carrier ({they} started there) {wait} \
+         behind it. Run the blocking call in vt::blocking(|| ...), or use its vt twin (vt::sleep, \
+         vt::sync::Mutex, vt::channel, vt::net, vt::fs), so that the fiber parks instead. If it \
+         waits for a std::sync::Mutex, a fiber of this carrier may hold the guard across a \
+         switch point and can never release it: use vt::sync::Mutex, or release the guard before \
+         any vt call. (Reported once per spawn location.)",
+        blocked_for.as_millis()
+    );
 }
 
 // --- SIGQUIT: print every opted-in runtime's dump, as the JVM prints its thread dump. ---

@@ -1,5 +1,6 @@
-//! File-system calls for fibers: each runs as a [`blocking`] section, as the
-//! JVM does for file I/O, so a slow disk holds one carrier and the runtime compensates at once.
+//! File-system calls for fibers: each runs through [`blocking`], on a helper
+//! thread while the fiber parks, so a slow disk holds no carrier (and none of the fibers homed
+//! on it).
 //! The types and signatures are `std::fs`'s; from a plain thread they are plain `std::fs` calls.
 
 use std::fs as sfs;
@@ -19,18 +20,21 @@ impl File {
     /// `std::fs::File::open`, as a blocking section.
     #[track_caller]
     pub fn open<P: AsRef<Path>>(path: P) -> io::Result<File> {
+        let path = path.as_ref();
         blocking(|| sfs::File::open(path)).map(File)
     }
 
     /// `std::fs::File::create`, as a blocking section.
     #[track_caller]
     pub fn create<P: AsRef<Path>>(path: P) -> io::Result<File> {
+        let path = path.as_ref();
         blocking(|| sfs::File::create(path)).map(File)
     }
 
     /// Opens with `options`, as a blocking section.
     #[track_caller]
     pub fn open_with<P: AsRef<Path>>(options: &OpenOptions, path: P) -> io::Result<File> {
+        let path = path.as_ref();
         blocking(|| options.open(path)).map(File)
     }
 
@@ -116,6 +120,7 @@ macro_rules! blocking_fns {
         $(#[$doc])*
         #[track_caller]
         pub fn $name<P: AsRef<Path>>(path: P $(, $arg: $ty)*) -> io::Result<$ret> {
+            let path = path.as_ref();
             blocking(|| sfs::$name(path $(, $arg)*))
         }
     )*};
@@ -152,23 +157,27 @@ blocking_fns! {
 /// `std::fs::write`, as a blocking section.
 #[track_caller]
 pub fn write<P: AsRef<Path>, C: AsRef<[u8]>>(path: P, contents: C) -> io::Result<()> {
+    let (path, contents) = (path.as_ref(), contents.as_ref());
     blocking(|| sfs::write(path, contents))
 }
 
 /// `std::fs::copy`, as a blocking section.
 #[track_caller]
 pub fn copy<P: AsRef<Path>, Q: AsRef<Path>>(from: P, to: Q) -> io::Result<u64> {
+    let (from, to) = (from.as_ref(), to.as_ref());
     blocking(|| sfs::copy(from, to))
 }
 
 /// `std::fs::rename`, as a blocking section.
 #[track_caller]
 pub fn rename<P: AsRef<Path>, Q: AsRef<Path>>(from: P, to: Q) -> io::Result<()> {
+    let (from, to) = (from.as_ref(), to.as_ref());
     blocking(|| sfs::rename(from, to))
 }
 
 /// `std::fs::hard_link`, as a blocking section.
 #[track_caller]
 pub fn hard_link<P: AsRef<Path>, Q: AsRef<Path>>(original: P, link: Q) -> io::Result<()> {
+    let (original, link) = (original.as_ref(), link.as_ref());
     blocking(|| sfs::hard_link(original, link))
 }

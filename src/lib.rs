@@ -76,6 +76,7 @@
 
 #![warn(missing_docs, unreachable_pub)]
 
+mod blocking;
 pub mod channel;
 mod diagnostics;
 mod fiber;
@@ -92,6 +93,7 @@ pub mod signal;
 pub mod sync;
 mod time;
 
+pub use blocking::blocking;
 pub use diagnostics::{FiberDump, FiberGroup, FiberInfo, FiberState, WaitReason};
 pub use fiber::builder::{Builder, spawn};
 pub use fiber::compact::no_compaction;
@@ -102,4 +104,4 @@ pub use fiber::stack::{DEFAULT_STACK_SIZE, MAX_STACK_SIZE, MIN_STACK_SIZE};
 pub use metrics::{BlockingLocation, CarrierMetrics, Metrics};
 pub use pool::{PoolScope, ThreadPool, ThreadPoolBuilder};
 pub use runtime::{Handle, Runtime};
-pub use scope::{Scope, ScopedJoinHandle, blocking, join, pinned, scope};
+pub use scope::{Scope, ScopedJoinHandle, join, pinned, scope};

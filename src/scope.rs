@@ -12,8 +12,10 @@ use std::panic::{AssertUnwindSafe, Location, catch_unwind, resume_unwind};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
+use crate::diagnostics::WaitReason;
 use crate::fiber::builder::Builder;
 use crate::fiber::compact::Lent;
+use crate::fiber::park::{WaitOnUnwind, finished};
 use crate::fiber::{JoinHandle, NO_HOME};
 use crate::runtime::context;
 use crate::{Fiber, current};
@@ -119,6 +121,8 @@ where
         scope: PhantomData,
         env: PhantomData,
     };
+    // Unwound from a wait (the runtime's drop), the frame still outlives the scoped fibers.
+    let _wait = WaitOnUnwind::new(WaitReason::Scope, || scope.data.running.load(Ordering::Acquire) == 0);
     let result = catch_unwind(AssertUnwindSafe(|| f(&scope)));
     while scope.data.running.load(Ordering::Acquire) != 0 {
         crate::fiber::park::park_for(crate::diagnostics::WaitReason::Scope, None);
@@ -212,8 +216,12 @@ where
         Builder::new().spawn_unchecked_at(rt, b, at, None)
     })
     .unwrap_or_else(|e| panic!("failed to spawn fiber: {e}"));
+    // Unwound from the join (the runtime's drop), the frame still outlives `b`.
+    let watch = hb.fiber().clone();
+    let mut wait = WaitOnUnwind::new(WaitReason::Join, move || finished(&watch));
     let ra = catch_unwind(AssertUnwindSafe(a));
     let rb = hb.join();
+    wait.disarm();
     match (ra, rb) {
         (Ok(ra), Ok(rb)) => (ra, rb),
         (Err(e), _) | (_, Err(e)) => resume_unwind(e),
@@ -260,20 +268,13 @@ where
     f()
 }
 
-/// Runs `f`, a call known to block the OS thread (a blocking syscall, a foreign library, a
-/// `std::sync::Mutex` held elsewhere), and compensates at once: the carrier counts as blocked
-/// and, if fewer than the target number of carriers could still run fibers, a spare carrier is
-/// woken or started (within `max_carriers`) so the fibers queued behind this one do not wait.
-/// The spare retires when it is no longer needed. From a plain thread it just runs `f`.
-///
-/// Without `blocking`, the supervisor notices a stuck carrier after about two
-/// `supervisor_interval`s and compensates then; `blocking` skips that delay.
-#[track_caller]
-pub fn blocking<F, T>(f: F) -> T
+/// Runs `f` on this carrier, counted as blocked and compensated at once (a spare carrier is
+/// woken or started, within `max_carriers`, for the fibers that can move). What `vt::blocking`
+/// falls back to when no helper thread can be started. From a plain thread it just runs `f`.
+pub(crate) fn blocking_here<F, T>(at: &'static Location<'static>, f: F) -> T
 where
     F: FnOnce() -> T,
 {
-    let at = Location::caller();
     let c = context::carrier();
     let rec = context::current_fiber();
     if c.is_null() || rec.is_null() || std::thread::panicking() {

@@ -787,14 +787,14 @@ fn dropping_a_runtime_unwinds_fibers_blocked_in_io_waits_sleeps_and_blocking_cal
     handles.push(spawn(Box::new(|| vt::sleep(Duration::from_secs(3600)))));
     handles.push(spawn(Box::new(|| drop(vt::spawn(|| vt::sleep(Duration::from_secs(3600))).join()))));
 
-    // Inside vt::blocking: the drop waits for the call to return (an OS call cannot be
-    // interrupted), then unwinds the fiber at its next wait.
+    // Inside vt::blocking: the call runs on a helper thread and the fiber parks; the drop
+    // unwinds the fiber from that park, but its frame (which the call may borrow) goes only
+    // once the call has returned (an OS call cannot be interrupted).
     let (release_tx, release_rx) = mpsc::channel::<u32>();
     let released = Arc::new(AtomicUsize::new(0));
     let r1 = released.clone();
     handles.push(spawn(Box::new(move || {
-        let v = vt::blocking(move || release_rx.recv().unwrap());
-        r1.store(v as usize, SeqCst);
+        vt::blocking(move || r1.store(release_rx.recv().unwrap() as usize, SeqCst));
         loop {
             vt::park();
         }
@@ -820,7 +820,7 @@ fn dropping_a_runtime_unwinds_fibers_blocked_in_io_waits_sleeps_and_blocking_cal
     releaser.join().unwrap();
 
     assert_eq!(drops.load(SeqCst), n, "every waiting fiber's destructors ran");
-    assert_eq!(released.load(SeqCst), 7, "the blocking call finished before its fiber was unwound");
+    assert_eq!(released.load(SeqCst), 7, "the blocking call finished before its fiber's frame went");
     for h in handles {
         let p = h.join().unwrap_err();
         assert!(message(&*p).contains("cancelled"), "{}", message(&*p));
@@ -856,8 +856,9 @@ fn dropping_a_runtime_closes_its_descriptors_and_joins_its_threads() {
                 ready_tx.send(()).unwrap();
                 let _ = c.read(&mut [0u8; 1]);
             });
-            // A spare carrier starts (and retires): its thread must be joined too.
-            rt.spawn(|| vt::blocking(|| std::thread::sleep(Duration::from_millis(20)))).join().unwrap();
+            // A spare carrier starts (and retires): its thread must be joined too. (A carrier
+            // blocked in the OS, found by the supervisor: `vt::blocking` blocks no carrier.)
+            rt.spawn(|| std::thread::sleep(Duration::from_millis(100))).join().unwrap();
             assert!(rt.metrics().carriers_peak > 2, "a spare carrier ran");
             ready_rx.recv().unwrap();
             ready_rx.recv().unwrap();
@@ -893,7 +894,7 @@ fn dropping_a_runtime_while_a_fiber_is_about_to_wait_on_a_socket_returns() {
     let h = rt.spawn(move || {
         let _guard = guard;
         let mut s = vt::net::TcpStream::connect(addr).unwrap();
-        vt::blocking(|| {
+        vt::blocking(move || {
             connected_tx.send(()).unwrap();
             release_rx.recv().unwrap(); // returns once the drop has begun
         });

@@ -113,8 +113,10 @@ fn a_location_that_keeps_blocking_becomes_known_and_is_compensated_without_delay
     blocker.join().unwrap();
 }
 
+/// `vt::blocking` runs its closure on a helper thread: a hundred blockers at once complete
+/// without any carrier blocking, so none is compensated for.
 #[test]
-fn a_hundred_blockers_never_exceed_max_carriers_and_all_complete() {
+fn a_hundred_blockers_complete_on_helper_threads_without_extra_carriers() {
     let rt = vt::Runtime::builder().carriers(2).max_carriers(8).build().unwrap();
     let done = Arc::new(AtomicUsize::new(0));
     let hs: Vec<_> = (0..100)
@@ -129,9 +131,79 @@ fn a_hundred_blockers_never_exceed_max_carriers_and_all_complete() {
     hs.into_iter().for_each(|h| h.join().unwrap());
     assert_eq!(done.load(Ordering::Relaxed), 100);
     let m = rt.metrics();
-    assert!(m.carriers_peak <= 8, "{m}");
-    assert!(m.carriers_peak > 2, "blockers were compensated: {m}");
-    eventually("carriers back to the target", || rt.metrics().carriers_current == 2);
+    assert_eq!(m.carriers_peak, 2, "no carrier blocked, none was added: {m}");
+}
+
+/// On a 1-carrier runtime, a fiber in `vt::blocking` leaves its carrier to the other started
+/// fibers homed there (before, the carrier blocked with it, and they could run nowhere else).
+#[test]
+fn blocking_keeps_the_callers_carrier_running_its_other_fibers() {
+    let rt = vt::Runtime::builder().carriers(1).max_carriers(1).build().unwrap();
+    let ticks = Arc::new(AtomicUsize::new(0));
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let ticker = {
+        let (ticks, stop) = (ticks.clone(), stop.clone());
+        rt.spawn(move || {
+            while !stop.load(Ordering::SeqCst) {
+                ticks.fetch_add(1, Ordering::SeqCst);
+                vt::sleep(Duration::from_millis(1));
+            }
+        })
+    };
+    eventually("the ticker started", || ticks.load(Ordering::SeqCst) > 0);
+    let during = {
+        let ticks = ticks.clone();
+        rt.spawn(move || {
+            let before = ticks.load(Ordering::SeqCst);
+            vt::blocking(|| std::thread::sleep(Duration::from_millis(300)));
+            ticks.load(Ordering::SeqCst) - before
+        })
+    };
+    let during = during.join().unwrap();
+    stop.store(true, Ordering::SeqCst);
+    ticker.join().unwrap();
+    // 300 ms of 1 ms sleeps: ~250 ticks; 10 leaves room for a loaded machine.
+    assert!(during >= 10, "the ticker homed on the same carrier ticked {during} times meanwhile");
+}
+
+#[test]
+fn a_carrier_blocked_while_its_home_fibers_wait_is_reported() {
+    if std::env::var("VT_SUPERVISOR_CHILD").as_deref() == Ok("blocked") {
+        let rt = vt::Runtime::builder().carriers(1).deadlock_report(None).build().unwrap();
+        let (tx, rx) = vt::channel::bounded::<()>(1);
+        let (ready_tx, ready_rx) = std::sync::mpsc::channel::<()>();
+        // Homed on the only carrier once it has run: parked on a receive.
+        let waiter = rt.spawn(move || {
+            ready_tx.send(()).unwrap();
+            rx.recv().unwrap();
+        });
+        ready_rx.recv().unwrap();
+        let blocker = vt::Builder::new()
+            .name("sleepy".into())
+            .spawn_on(&rt.handle(), move || {
+                tx.send(()).unwrap(); // wakes the waiter: it can run only on this carrier
+                std::thread::sleep(Duration::from_millis(1600)); // blocks the carrier
+            })
+            .unwrap();
+        blocker.join().unwrap();
+        waiter.join().unwrap();
+        println!("child: ok");
+        return;
+    }
+    let out = std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["a_carrier_blocked_while_its_home_fibers_wait_is_reported", "--exact", "--nocapture"])
+        .env("VT_SUPERVISOR_CHILD", "blocked")
+        .output()
+        .unwrap();
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success() && stdout.contains("child: ok"), "stdout: {stdout}\nstderr: {stderr}");
+    let line =
+        stderr.lines().find(|l| l.contains("blocked")).unwrap_or_else(|| panic!("no report: {stderr}"));
+    assert!(line.contains("\"sleepy\""), "names the fiber: {line}");
+    assert!(line.contains("tests/supervisor.rs"), "names its spawn site: {line}");
+    assert!(line.contains("1 fiber that can run only on this carrier"), "counts who waits: {line}");
+    assert!(line.contains("vt::blocking"), "says the fix: {line}");
+    assert_eq!(stderr.matches("carrier 0 blocked").count(), 1, "once: {stderr}");
 }
 
 #[test]

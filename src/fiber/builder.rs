@@ -149,7 +149,18 @@ impl Builder {
             }
             None => {
                 rt.remote.spawned.fetch_add(1, Ordering::Relaxed);
-                rt.schedule_remote(rec);
+                // SeqCst, against the drop's store: a spawn through a handle either is queued
+                // before the drop looks for live fibers, or sees `shutdown` and unwinds the
+                // fiber itself (never started: any thread will do), so its join returns.
+                if rt.shutdown.load(Ordering::SeqCst) {
+                    crate::runtime::cancel(rec);
+                } else {
+                    let again = rec.clone();
+                    rt.schedule_remote(rec);
+                    if rt.shutdown.load(Ordering::SeqCst) {
+                        crate::runtime::cancel(again);
+                    }
+                }
             }
         }
         Ok(handle)

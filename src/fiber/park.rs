@@ -315,8 +315,8 @@ fn park_fiber(rec: &FiberRecord, cancelling: bool, reason: WaitReason, deadline:
         return false;
     }
     if cancelling {
-        // The runtime is being dropped and is unwinding this fiber on the dropping thread:
-        // nothing will ever run it again. Whatever it waits for (a scoped fiber, a joined one)
+        // The runtime is being dropped and is unwinding this fiber (on its home carrier's
+        // thread, or the dropping thread): nothing will ever run it again. Whatever it waits for (a scoped fiber, a joined one)
         // can only finish by being unwound too, so unwind another fiber, then return (a
         // spurious wake-up: the caller re-checks its condition).
         if !crate::runtime::cancel_one(rec.runtime()) {
@@ -338,6 +338,70 @@ fn park_fiber(rec: &FiberRecord, cancelling: bool, reason: WaitReason, deadline:
     // (`time::fire`), and whoever wins owns the park's end. A timer that fires later must not
     // wake a later park.
     armed.is_some_and(|g| !crate::time::disarm(rec, g))
+}
+
+/// How long a fiber being unwound by its runtime's drop waits for its borrowers on the thread
+/// before it unwinds others from its wait (borrowers of the same runtime that the drop's order
+/// has not reached, and that only this thread may unwind).
+const NESTED_UNWIND_AFTER: Duration = Duration::from_millis(100);
+
+/// A guard for a fiber whose frame others borrow while it waits (`block_on`, `scope`, `join`,
+/// `ThreadPool::scope`, `blocking`): dropped while unwinding (the runtime's drop unwinding the
+/// fiber from its wait, or a panic), it waits until `done()` says the borrowers have finished,
+/// so the frame is never freed under them, whichever runtime or thread they run on. Waiting in
+/// an unwind does not switch: in a runtime's drop it unwinds other fibers meanwhile
+/// (`park_fiber`'s cancelling branch), elsewhere it waits on the OS thread.
+pub(crate) struct WaitOnUnwind<F: FnMut() -> bool> {
+    done: F,
+    reason: WaitReason,
+    armed: bool,
+}
+
+impl<F: FnMut() -> bool> WaitOnUnwind<F> {
+    pub(crate) fn new(reason: WaitReason, done: F) -> WaitOnUnwind<F> {
+        WaitOnUnwind { done, reason, armed: true }
+    }
+
+    /// The wait it guards is over (the borrowers are done): a later unwind need not wait.
+    pub(crate) fn disarm(&mut self) {
+        self.armed = false;
+    }
+}
+
+impl<F: FnMut() -> bool> Drop for WaitOnUnwind<F> {
+    fn drop(&mut self) {
+        if !self.armed || !std::thread::panicking() || (self.done)() {
+            return;
+        }
+        let start = Instant::now();
+        let mut said = false;
+        while !(self.done)() {
+            if !said && start.elapsed() >= Duration::from_secs(1) {
+                said = true;
+                eprintln!(
+                    "virtual-threads: a fiber being unwound (its runtime dropped) waits for work that borrows \
+                     from its stack ({}) to finish before its frame is freed",
+                    self.reason
+                );
+            }
+            if !context::cancelling().is_null() && start.elapsed() < NESTED_UNWIND_AFTER {
+                // The drop unwinds this fiber: wait on the thread first. A park here unwinds
+                // another fiber from this one's stack (`park_fiber`), which valgrind could not
+                // follow (bug 11 in `arch/reliability.md`); borrowers on another runtime or
+                // thread finish by themselves.
+                std::thread::sleep(Duration::from_micros(200));
+                continue;
+            }
+            // Timed: `done` may turn true with nobody to unpark this fiber or thread (a
+            // record marked finished just after its result was published).
+            park_for(self.reason, Instant::now().checked_add(Duration::from_millis(1)));
+        }
+    }
+}
+
+/// Whether the fiber of `f` has finished (its closure is gone), for `WaitOnUnwind`.
+pub(crate) fn finished(f: &Fiber) -> bool {
+    f.record().is_none_or(|r| r.state() == super::DONE)
 }
 
 /// A park while the fiber unwinds: wait on this carrier thread without switching.

@@ -23,9 +23,16 @@ fn is_literal<A: ToSocketAddrs + ?Sized>() -> bool {
         || iter == type_name::<Cloned<std::slice::Iter<'static, SocketAddr>>>()
 }
 
-/// `addr.to_socket_addrs()`, as a blocking section unless `addr` is a literal address.
+/// `addr.to_socket_addrs()`, as a blocking section unless `addr` is a literal address. On this
+/// carrier, compensated (`scope::blocking_here`), not on a helper thread: `A` and its iterator
+/// need not be `Send`.
+#[track_caller]
 pub(crate) fn resolve<A: ToSocketAddrs + ?Sized>(addr: &A) -> io::Result<A::Iter> {
-    if is_literal::<A>() { addr.to_socket_addrs() } else { crate::blocking(|| addr.to_socket_addrs()) }
+    if is_literal::<A>() {
+        addr.to_socket_addrs()
+    } else {
+        crate::scope::blocking_here(std::panic::Location::caller(), || addr.to_socket_addrs())
+    }
 }
 
 /// Tries `f` on each address `addr` resolves to, returning the first success or the last

@@ -40,6 +40,7 @@ fn fresh<S: AsFd>(s: S) -> io::Result<IoSource<S>> {
 impl UnixStream {
     /// Connects to the socket at `path`.
     pub fn connect<P: AsRef<Path>>(path: P) -> io::Result<UnixStream> {
+        let path = path.as_ref();
         let s = crate::blocking(|| unet::UnixStream::connect(path)).map_err(explain_fd_error)?;
         Ok(UnixStream { io: fresh(s)? })
     }

@@ -333,6 +333,17 @@ impl Shared {
         }
     }
 
+    /// Drops the queued entries if the pool's runtime has been dropped (nothing will run them):
+    /// a scoped job's drop tells its scope, which a runtime's drop may be unwinding and which
+    /// waits for its jobs' closures to be gone.
+    fn drop_queued_if_stopped(&self) {
+        if self.rt.shutdown.load(Ordering::Acquire) {
+            while let Some(e) = self.pop() {
+                drop(e);
+            }
+        }
+    }
+
     /// Queues an entry and starts it if a slot is free.
     fn submit(self: &Arc<Self>, e: Entry) {
         // Holds the pool busy while `pump` may hold a slot that finds the entry gone, so that

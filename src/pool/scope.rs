@@ -53,9 +53,15 @@ impl ThreadPool {
             scope: PhantomData,
             env: PhantomData,
         };
+        // Unwound (the runtime's drop unwinding this fiber, from `f` or the wait below), the
+        // frame still outlives every job that borrows from it, on whichever runtime they run.
+        let _wait = crate::fiber::park::WaitOnUnwind::new(crate::diagnostics::WaitReason::PoolJoin, || {
+            scope.pool.shared.drop_queued_if_stopped();
+            scope.state.remaining.load(Ordering::Acquire) == 0
+        });
         let r = match catch_unwind(AssertUnwindSafe(|| f(&scope))) {
-            // The runtime's drop is unwinding this fiber: nothing will run again to end the
-            // wait below (see the note on cancellation at `ScopedJob`).
+            // The runtime's drop is unwinding this fiber: on with the unwind (`_wait` waits for
+            // the jobs; see the note on cancellation at `ScopedJob`).
             Err(p) if cancelling() => resume_unwind(p),
             r => r,
         };
@@ -126,10 +132,11 @@ impl<'scope> PoolScope<'scope, '_> {
 
 /// A borrowing job; it tells the scope when its closure is gone.
 ///
-/// Cancellation: when a runtime is dropped it unwinds its fibers one by one, so a scope's fiber
-/// may be unwound while its jobs still sit in the queue or in other fibers; it cannot wait
-/// for them then (nothing runs any more), as `vt::scope` cannot. Their closures are dropped
-/// later, and must not touch borrowed data in their destructors.
+/// Cancellation: when a runtime is dropped it unwinds its fibers, so a scope's fiber may be
+/// unwound while its jobs still sit in the queue or in other fibers. Its frame is freed only
+/// once every job's closure is gone all the same (`WaitOnUnwind` in `ThreadPool::scope`): jobs
+/// running on another runtime finish, fibers of the dropped one are unwound, and the queue of
+/// a pool whose runtime was dropped is dropped.
 struct ScopedJob<F> {
     f: Option<F>,
     state: Arc<ScopeState>,

@@ -1,27 +1,33 @@
 //! `Runtime` and `Handle`: start carriers, run fibers to completion, stop and clean up.
 //!
 //! A runtime is its `Shared` scheduler state plus the carrier threads. Dropping it stops the
-//! carriers, then unwinds every fiber that has not finished (parked, queued, or never started)
-//! on the dropping thread, so their destructors run and joiners get an error instead of
-//! waiting for ever. See `arch/overview.md`.
+//! carriers' loops, then unwinds every fiber that has not finished (parked, queued, or never
+//! started), each started one on its home carrier's thread (`shutdown.rs`), so their
+//! destructors run and joiners get an error instead of waiting for ever. See
+//! `arch/overview.md` and `arch/scheduler.md` "Shutdown".
 
 pub mod builder;
 pub(crate) mod config;
 pub(crate) mod context;
+mod shutdown;
 
 use std::fmt;
 use std::io;
-use std::panic::{AssertUnwindSafe, Location, catch_unwind, resume_unwind};
-use std::sync::OnceLock;
-use std::sync::atomic::Ordering;
+use std::panic::{Location, resume_unwind};
+use std::sync::atomic::{AtomicPtr, AtomicU64, Ordering};
+use std::sync::{Mutex, OnceLock};
 use std::thread;
 
 pub use builder::Builder;
 use config::Config;
 
+use crate::diagnostics::WaitReason;
+use crate::fiber::JoinHandle;
 use crate::fiber::builder::Builder as FiberBuilder;
-use crate::fiber::{DONE, FiberRecord, FiberRef, JoinHandle};
+use crate::fiber::park::{WaitOnUnwind, finished};
 use crate::scheduler::{RuntimeRef, Shared};
+
+pub(crate) use shutdown::{Drain, cancel, cancel_one, serve};
 
 /// A set of carrier threads running fibers. See the crate docs for an overview.
 pub struct Runtime {
@@ -35,6 +41,8 @@ pub struct Runtime {
 #[derive(Clone)]
 pub struct Handle {
     rt: RuntimeRef,
+    /// `FORKS` when the runtime was built (see `check_not_forked`).
+    forks: u64,
 }
 
 impl Runtime {
@@ -50,7 +58,11 @@ impl Runtime {
 
     fn start(config: Config) -> io::Result<Runtime> {
         static RLIMIT: OnceLock<()> = OnceLock::new();
-        RLIMIT.get_or_init(crate::platform::raise_nofile_limit);
+        RLIMIT.get_or_init(|| {
+            crate::platform::raise_nofile_limit();
+            // SAFETY: the handler only bumps an atomic (async-signal-safe).
+            unsafe { libc::pthread_atfork(None, None, Some(after_fork_in_child)) };
+        });
         crate::fiber::overflow::install_handler();
         crate::diagnostics::install_panic_hook();
 
@@ -61,7 +73,7 @@ impl Runtime {
         let reactor = crate::net::reactor::Reactor::new()?;
         let rt = RuntimeRef::new(Shared::new(config, reactor));
         // From here on, dropping `runtime` stops whatever was started.
-        let mut runtime = Runtime { handle: Handle { rt: rt.clone() }, supervisor: None };
+        let mut runtime = Runtime { handle: Handle { rt: rt.clone(), forks: forks() }, supervisor: None };
         for i in 0..n {
             rt.start_carrier(i, (!cores.is_empty()).then(|| cores[i % cores.len()]))?;
         }
@@ -146,6 +158,7 @@ impl Handle {
         F: FnOnce() -> T + Send + 'static,
         T: Send + 'static,
     {
+        check_not_forked(self);
         let at = Location::caller();
         // SAFETY: `F` and `T` are 'static.
         match unsafe { FiberBuilder::new().spawn_unchecked_at(&self.rt, f, at, None) } {
@@ -161,6 +174,7 @@ impl Handle {
         F: FnOnce() -> T + Send,
         T: Send,
     {
+        check_not_forked(self);
         let at = Location::caller();
         // Called from a fiber, `f` may write into that fiber's stack while it waits below.
         let _lent = crate::fiber::compact::Lent::new();
@@ -170,7 +184,13 @@ impl Handle {
             Ok(h) => h,
             Err(e) => panic!("failed to spawn fiber: {e}"),
         };
-        match h.join() {
+        // Unwound from the wait below (this runtime's drop, or another's that runs this fiber),
+        // the frame `f` borrows from must outlive `f` all the same.
+        let watch = h.fiber().clone();
+        let mut wait = WaitOnUnwind::new(WaitReason::Join, move || finished(&watch));
+        let r = h.join();
+        wait.disarm();
+        match r {
             Ok(v) => v,
             Err(p) => resume_unwind(p),
         }
@@ -206,175 +226,115 @@ impl fmt::Debug for Handle {
 impl Drop for Runtime {
     fn drop(&mut self) {
         let rt = &self.handle.rt;
-        let me = context::carrier();
-        // SAFETY: a non-null carrier pointer is this thread's live carrier.
-        if !me.is_null() && std::ptr::eq(unsafe { (*me).shared() }, rt.ptr()) {
-            // Joining our own carrier thread would never return, and unwinding the fiber that
-            // is running this drop would pull the stack from under it.
-            eprintln!("virtual-threads: a Runtime was dropped from one of its own fibers; leaking it");
-            rt.shutdown.store(true, Ordering::Release);
+        if self.handle.forks != forks() {
+            // Built before a `fork`: its threads do not exist in this process. Nothing can be
+            // stopped or unwound; leak it.
             return;
         }
         // SeqCst: a carrier about to sleep in the reactor raises `on_reactor`, then reads
         // `shutdown` (both SeqCst); `unpark_carrier` below reads `on_reactor` after this store.
         // Either the carrier sees the shutdown, or we see it polling and wake the reactor.
         rt.shutdown.store(true, Ordering::SeqCst);
-        crate::diagnostics::forget_sigquit(rt);
-        if let Some(t) = self.supervisor.take() {
-            t.thread().unpark();
-            let _ = t.join();
+        let supervisor = self.supervisor.take();
+        let me = context::carrier();
+        // SAFETY: a non-null carrier pointer is this thread's live carrier.
+        if !me.is_null() && std::ptr::eq(unsafe { (*me).shared() }, rt.ptr()) {
+            // Dropped from one of its own fibers: this thread is one of the carriers to stop,
+            // and it can serve only once this fiber switches out. The rest of the drop runs
+            // on a thread of its own, so the other fibers still end and their joins return.
+            let rt = rt.clone();
+            let spawned = thread::Builder::new()
+                .name(format!("{}-drop", rt.config.thread_name))
+                .spawn(move || stop(&rt, supervisor));
+            if spawned.is_err() {
+                eprintln!(
+                    "virtual-threads: a Runtime was dropped from one of its own fibers and no thread could be started to stop it; leaking it"
+                );
+            }
+            return;
         }
-        // Every carrier there will ever be: `start_carrier` looks at `shutdown` and registers
-        // the thread it spawns under this lock, so from here on none starts. (The supervisor
-        // is not the only one to start carriers: a carrier whose fiber enters `vt::blocking`
-        // compensates too, and one started that way just after this took the list was never
-        // joined and kept running fibers while `cancel_all` ran: bug 10 in
-        // `arch/reliability.md`.)
-        let threads = std::mem::take(&mut *rt.threads.lock().unwrap_or_else(|e| e.into_inner()));
-        for i in 0..rt.started() {
-            rt.unpark_carrier(i);
-        }
-        for t in &threads {
-            // A carrier that has only just started may not have published its `Thread` in its
-            // slot yet (what `unpark_carrier` uses): its handle reaches it all the same.
-            t.thread().unpark();
-        }
-        for t in threads {
-            let _ = t.join();
-        }
-        cancel_all(rt);
+        stop(rt, supervisor);
     }
 }
 
-/// Unwinds every fiber that has not finished, the deepest first (`FiberRecord::depth`), so
-/// that a fiber whose frame others borrow (a `scope`, `join` or `block_on` waiting for them) is
-/// unwound only after they are: unwound first, it would leave its wait at once and free the
-/// frame under them (bug 11 in `arch/reliability.md`). Every unwind runs on this thread, one
-/// after another: none nests inside another's (valgrind's view of stack switches could not
-/// follow that). Cancelling one may wake or spawn others (its destructors run), so repeat
-/// until nothing is left; then drain the queues of the references to finished fibers.
-fn cancel_all(rt: &Shared) {
-    let mut live = Vec::new();
-    loop {
-        rt.roots.for_each_live(|f| live.push(f));
-        if live.is_empty() {
-            break;
-        }
-        // Stable: among equals the walk's order, as before.
-        live.sort_by_key(|f| std::cmp::Reverse(f.depth.get()));
-        let mut progress = false;
-        for f in live.drain(..) {
-            progress |= f.state() != DONE && !f.cancelled.load(Ordering::Acquire);
-            cancel(f);
-        }
-        if !progress {
-            break; // only fibers being unwound further up this thread's stack: none at the top
-        }
+/// Stops the runtime's threads and unwinds its unfinished fibers (`shutdown` is set).
+fn stop(rt: &Shared, supervisor: Option<thread::JoinHandle<()>>) {
+    crate::diagnostics::forget_sigquit(rt);
+    if let Some(t) = supervisor {
+        t.thread().unpark();
+        let _ = t.join();
     }
-    while cancel_one(rt) {}
-    for slot in rt.slots.iter() {
-        // Timer entries hold records, which hold the runtime: break the cycle.
-        slot.timers.lock().unwrap_or_else(|e| e.into_inner()).clear();
-        slot.next_deadline.store(u64::MAX, Ordering::Relaxed);
+    // Every carrier there will ever be: `start_carrier` looks at `shutdown` and registers
+    // the thread it spawns under this lock, so from here on none starts. (The supervisor
+    // is not the only one to start carriers: a carrier whose fiber enters `vt::blocking`
+    // compensates too, and one started that way just after this took the list was never
+    // joined and kept running fibers while `cancel_all` ran: bug 10 in
+    // `arch/reliability.md`.)
+    let threads = std::mem::take(&mut *rt.threads.lock().unwrap_or_else(|e| e.into_inner()));
+    for i in 0..rt.started() {
+        rt.unpark_carrier(i);
     }
+    for t in &threads {
+        // A carrier that has only just started may not have published its `Thread` in its
+        // slot yet (what `unpark_carrier` uses): its handle reaches it all the same.
+        t.thread().unpark();
+    }
+    shutdown::run(rt, threads);
 }
 
-/// Unwinds one unfinished fiber of a runtime being dropped; false when none is left. Also
-/// called from inside a fiber being unwound that waits for another (a `scope` waiting for its
-/// fibers, a `join`): waiting cannot work there, since nothing runs fibers any more, so the
-/// waiter unwinds the others itself until what it waits for is done.
-pub(crate) fn cancel_one(rt: &Shared) -> bool {
-    let next = rt.roots.next_parked().or_else(|| rt.injector.pop_any()).or_else(|| {
-        rt.slots.iter().find_map(|slot| {
-            // One for this call; the rest back, in order, for the next (a fiber being unwound
-            // may call here again and must find them).
-            let mut all = slot.inbox.take_all();
-            let f = all.next();
-            all.for_each(|g| slot.inbox.push(g));
-            f
-        })
-    });
-    match next {
-        Some(f) => {
-            cancel(f);
-            true
-        }
-        None => false,
-    }
+/// Processes forked so far in this process's line (bumped in the child by a `pthread_atfork`
+/// handler): a runtime remembers the count it was built at, and one built before a fork has
+/// no threads in the child.
+static FORKS: AtomicU64 = AtomicU64::new(0);
+
+extern "C" fn after_fork_in_child() {
+    FORKS.fetch_add(1, Ordering::Relaxed);
 }
 
-fn cancel(f: FiberRef) {
-    if f.state() == DONE || f.cancelled.swap(true, Ordering::AcqRel) {
-        return; // finished, or being unwound further up this thread's stack
+pub(crate) fn forks() -> u64 {
+    FORKS.load(Ordering::Relaxed)
+}
+
+/// Panics if `h`'s runtime was built before a `fork` (in the parent: its carriers do not exist
+/// here).
+#[track_caller]
+fn check_not_forked(h: &Handle) {
+    if h.forks != forks() {
+        panic!(
+            "virtual-threads: this Runtime was built before a fork(); its carrier threads do not exist in the child process. Build a new Runtime in the child (the default runtime restarts by itself)"
+        );
     }
-    f.runtime().remote.finished.fetch_add(1, Ordering::Relaxed);
-    // A parked fiber holds its run reference (`FiberRef::take_parked_ref`). Moving it to
-    // runnable here takes that reference over, and leaves any unpark that comes during the
-    // unwind (another fiber's destructor) a token rather than a fiber to queue.
-    // SAFETY: `notify` returned true: we moved it from parked to runnable.
-    let run = f.notify().then(|| unsafe { FiberRef::take_parked_ref(&f) });
-    if f.take_compacted() {
-        // Its stack must be back in place before the unwind runs on it.
-        // SAFETY: every carrier and the supervisor (the compactor) have stopped, and this
-        // thread alone unwinds the fiber (see below).
-        let bytes = unsafe { f.restore_stack() };
-        let remote = &f.runtime().remote;
-        remote.restores.fetch_add(1, Ordering::Relaxed);
-        remote.restored_bytes.fetch_add(bytes as u64, Ordering::Relaxed);
-    }
-    let outer = context::cancelling();
-    context::set_cancelling(FiberRef::as_ptr(&f));
-    // SAFETY: every carrier has stopped, and the swap of `cancelled` above lets one caller on
-    // this thread through per fiber (the walk in `cancel_all`, or a queue's or the roots'
-    // entry in `cancel_one`), so this thread has exclusive access.
-    let slot = unsafe { f.co_mut() };
-    if !f.started.replace(true) {
-        // Never ran: bind a stack so its body can drop the closure (destructors run in fiber
-        // context) and complete its packet; without a stack, `bind` completes it with the error.
-        // SAFETY: exclusive access, as above.
-        unsafe { f.bind(f.class().take().map(crate::fiber::builder::new_coroutine)) };
-    } else if let Some(co) = slot.as_mut() {
-        // Resumes the fiber with corosensei's unwind payload; the fiber's body catches it
-        // (after every destructor on the way ran), completes its packet and returns.
-        if catch_unwind(AssertUnwindSafe(|| co.force_unwind())).is_err() {
-            eprintln!("virtual-threads: a fiber panicked while being cancelled by its runtime's drop");
-        }
-    }
-    if let Some(co) = slot.as_mut().filter(|co| !co.done()) {
-        // Bound but not started: its body sees `cancelled` and only drops the closure.
-        if catch_unwind(AssertUnwindSafe(|| co.resume(FiberRef::as_ptr(&f)))).is_err() {
-            eprintln!("virtual-threads: a fiber panicked while being cancelled by its runtime's drop");
-        }
-    }
-    context::set_cancelling(outer);
-    if let Some(co) = slot.take() {
-        if co.done() {
-            drop(co.into_stack());
-        } else {
-            // It could not be unwound (it caught the unwind and kept parking): leaking its
-            // stack is the only sound choice left.
-            std::mem::forget(co);
-        }
-    }
-    FiberRecord::finish_now(&f);
-    drop(run);
 }
 
 /// The process-wide default runtime, started on first use (by `vt::spawn` and friends called
-/// from a plain thread). `VT_CARRIERS`, `VT_MAX_CARRIERS` and `VT_STACK_SIZE` in the
-/// environment set its bounds (`Builder::with_env`): its users, from `main`, have no builder.
+/// from a plain thread), and started afresh on first use in a child process after `fork` (the
+/// parent's has no threads there; it is leaked). `VT_CARRIERS`, `VT_MAX_CARRIERS` and
+/// `VT_STACK_SIZE` in the environment set its bounds (`Builder::with_env`): its users, from
+/// `main`, have no builder.
 pub(crate) fn default_runtime() -> &'static Runtime {
-    static DEFAULT: OnceLock<Runtime> = OnceLock::new();
-    DEFAULT.get_or_init(|| {
-        let var = |name: &str| std::env::var_os(name);
-        let fail = |e: io::Error, note: String| -> ! {
-            panic!("cannot start the default virtual-threads runtime: {e}{note}")
-        };
-        let b =
-            Builder::new().thread_name("vt-default").with_env(var).unwrap_or_else(|e| fail(e, String::new()));
-        // A bound out of range (`VT_CARRIERS=0`): say which variables were set.
-        b.build().unwrap_or_else(|e| fail(e, builder::env_note(var)))
-    })
+    static DEFAULT: AtomicPtr<Runtime> = AtomicPtr::new(std::ptr::null_mut());
+    static START: Mutex<()> = Mutex::new(());
+    let current = |p: *mut Runtime| {
+        // SAFETY: a non-null pointer came from `Box::leak` below and is never freed.
+        (!p.is_null()).then(|| unsafe { &*p }).filter(|r| r.handle.forks == forks())
+    };
+    if let Some(r) = current(DEFAULT.load(Ordering::Acquire)) {
+        return r;
+    }
+    let _start = START.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(r) = current(DEFAULT.load(Ordering::Acquire)) {
+        return r;
+    }
+    let var = |name: &str| std::env::var_os(name);
+    let fail = |e: io::Error, note: String| -> ! {
+        panic!("cannot start the default virtual-threads runtime: {e}{note}")
+    };
+    let b = Builder::new().thread_name("vt-default").with_env(var).unwrap_or_else(|e| fail(e, String::new()));
+    // A bound out of range (`VT_CARRIERS=0`): say which variables were set.
+    let r = b.build().unwrap_or_else(|e| fail(e, builder::env_note(var)));
+    let r: &'static Runtime = Box::leak(Box::new(r));
+    DEFAULT.store(std::ptr::from_ref(r).cast_mut(), Ordering::Release);
+    r
 }
 
 /// Runs `f` with the runtime of the calling fiber, or the default runtime on a plain thread.
@@ -430,9 +390,10 @@ mod tests {
                 std::thread::yield_now();
             }
         }));
-        // Its `blocking` call makes the only carrier count as blocked: compensation starts
+        // Its blocking section (in place: `vt::blocking` runs on a helper thread) makes the only
+        // carrier count as blocked: compensation starts
         // carrier 1, and the hook stops it there.
-        let blocker = rt.spawn(|| crate::blocking(|| ()));
+        let blocker = rt.spawn(|| crate::scope::blocking_here(std::panic::Location::caller(), || ()));
         let started = spawned_rx.recv_timeout(Duration::from_secs(30));
         drop(rt);
         *CARRIER_SPAWNED.lock().unwrap() = None;

@@ -138,6 +138,9 @@ impl Carrier {
         context::set_carrier(std::ptr::null());
         let stock = c.stock.replace(0);
         c.rt.release_stock(stock);
+        // The runtime's drop unwinds the fibers homed here on this thread, before it exits
+        // (their thread-locals live here): `runtime/shutdown.rs`.
+        crate::runtime::serve(&c.rt, index);
     }
 
     fn slot(&self) -> &CarrierSlot {

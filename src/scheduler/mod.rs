@@ -173,6 +173,8 @@ pub(crate) struct Shared {
     /// The compactor's counters (written by the supervisor only).
     pub(crate) compaction: CachePadded<crate::fiber::compact::CompactionStats>,
     pub(crate) shutdown: AtomicBool,
+    /// The drop's hand-over of fibers to unwind on their home carriers (`runtime/shutdown.rs`).
+    pub(crate) drain: crate::runtime::Drain,
     pub(crate) epoch: Instant,
     pub(crate) stacks: &'static SizeClass,
     pub(crate) reactor: Reactor,
@@ -256,6 +258,7 @@ impl Shared {
             remote: CachePadded(RemoteStats::default()),
             compaction: CachePadded(Default::default()),
             shutdown: AtomicBool::new(false),
+            drain: Default::default(),
             epoch: Instant::now(),
             stacks,
             config,

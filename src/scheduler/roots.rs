@@ -17,7 +17,7 @@ use std::sync::Mutex;
 
 use super::{CachePadded, RecordPtr};
 use crate::fiber::stack::SizeClass;
-use crate::fiber::{FiberRecord, FiberRef, PARKED};
+use crate::fiber::{FiberRecord, FiberRef};
 
 /// Records copied out of a shard per lock, so a walk never holds a carrier's shard for long.
 const WALK_CHUNK: usize = 1024;
@@ -37,8 +37,6 @@ pub(crate) struct Roots {
     shards: Box<[CachePadded<Mutex<Vec<RecordPtr>>>]>,
     /// Every slab, freed with the runtime's state.
     slabs: Mutex<Vec<Slab>>,
-    /// Where the runtime's drop is in its walk for parked fibers: (shard, index).
-    cursor: Mutex<(usize, usize)>,
 }
 
 impl Roots {
@@ -47,7 +45,6 @@ impl Roots {
         Roots {
             shards: (0..=carriers).map(|_| CachePadded(Mutex::new(Vec::new()))).collect(),
             slabs: Mutex::new(Vec::new()),
-            cursor: Mutex::new((0, 0)),
         }
     }
 
@@ -127,30 +124,6 @@ impl Roots {
             return true;
         }
         false
-    }
-
-    /// The next fiber left parked, for the runtime's drop (after the carriers stopped). Nothing
-    /// parks any more then, so one pass with a cursor finds them all: O(records) overall.
-    pub(crate) fn next_parked(&self) -> Option<FiberRef> {
-        let mut cur = self.cursor.lock().unwrap_or_else(|e| e.into_inner());
-        while cur.0 < self.shards.len() {
-            let p = {
-                let s = self.shards[cur.0].lock().unwrap_or_else(|e| e.into_inner());
-                s.get(cur.1).map(|r| r.0)
-            };
-            let Some(p) = p else {
-                *cur = (cur.0 + 1, 0);
-                continue;
-            };
-            cur.1 += 1;
-            // SAFETY: as in `for_each_live`.
-            if let Some(r) = unsafe { FiberRef::upgrade(p) } {
-                if r.state() == PARKED {
-                    return Some(r);
-                }
-            }
-        }
-        None
     }
 
     /// Frees every record (the runtime's state is being dropped: no reference to any is left,

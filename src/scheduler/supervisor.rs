@@ -45,6 +45,9 @@ const SCAVENGE_AGAIN: Duration = Duration::from_millis(20);
 /// carrier switching, before the supervisor says so (`Saturation`): long enough that a burst of
 /// short blocking calls (which keeps the bound full while the carriers still move) says nothing.
 const SATURATED_FOR: Duration = Duration::from_secs(1);
+/// How long a carrier stays blocked in the OS, with fibers waiting that can run only on it,
+/// before the supervisor reports it on stderr (`diagnostics::report_blocked`).
+const REPORT_BLOCKED_AFTER: Duration = Duration::from_secs(1);
 /// ZIO's rule after its false-positive bug: more than 64 runs at a location, and at least half
 /// of them caught blocking, make it known-blocking.
 const KNOWN_MIN_RUNS: u64 = 64;
@@ -71,6 +74,10 @@ struct Watch {
     /// row it held fibers and nobody took one.
     taken: usize,
     untaken: u32,
+    /// For the "blocked" report: the progress count it watches, and for how many samples in a
+    /// row the carrier ran one fiber without a switch, declared blocking sections included.
+    report_progress: u64,
+    same: u32,
 }
 
 /// The supervisor thread's body.
@@ -80,6 +87,7 @@ pub(crate) fn run(rt: RuntimeRef) {
     let mut totals: HashMap<usize, Known> = HashMap::new();
     let mut tick: u64 = 0;
     let mut starving: HashSet<usize> = HashSet::new();
+    let mut reported: HashSet<usize> = HashSet::new();
     let mut quiet: Option<(u64, usize)> = None;
     let mut compactor = Compactor::new(&rt);
     let mut scavenger = Scavenger { next: Instant::now() + SCAVENGE_EVERY };
@@ -90,6 +98,7 @@ pub(crate) fn run(rt: RuntimeRef) {
         watch.resize(started, Watch::default());
         let mut running = 0;
         for (i, w) in watch.iter_mut().enumerate() {
+            report_blocked(&rt, i, w, &mut reported);
             if sample(&rt, i, w, &mut starving) {
                 running += 1;
             }
@@ -173,6 +182,13 @@ fn sample(rt: &Shared, i: usize, w: &mut Watch, starving: &mut HashSet<usize>) -
             slot.caught.store(true, Ordering::Release);
             rt.compensate();
         }
+    } else if w.blocked && lifo_may_run_elsewhere(rt, i) {
+        // Still blocked, and a fiber sits in its hand-off slot that another carrier may take
+        // (`find_work` takes a caught carrier's): the fiber running there keeps waking fibers
+        // into that slot (a loop of `try_send`s), and a hand-off into an empty slot wakes no
+        // idle carrier, so after the first one, taken at the detection, each would wait for
+        // ever. Wake one at every sample while this lasts.
+        rt.notify();
     }
     true
 }
@@ -224,6 +240,60 @@ fn work_waits(rt: &Shared) -> bool {
                 || s.home_len.load(Ordering::Relaxed) > 0
                 || s.inbox.maybe_nonempty()
         })
+}
+
+/// Reports carrier `i` on stderr, once per spawn site (or `blocking` call site), when it has
+/// been blocked in the OS for `REPORT_BLOCKED_AFTER` while fibers that can run only there wait
+/// behind it: started fibers stay on their home carrier, so no compensating carrier can take
+/// them, and they wait as long as the block lasts (for ever, if they hold what it waits for).
+fn report_blocked(rt: &Shared, i: usize, w: &mut Watch, reported: &mut HashSet<usize>) {
+    let slot = &rt.slots[i];
+    let loc = slot.location.load(Ordering::Acquire);
+    let progress = slot.progress.load(Ordering::Relaxed);
+    if loc.is_null() || progress != w.report_progress {
+        w.report_progress = progress;
+        w.same = 0;
+        return;
+    }
+    w.same += 1;
+    let every = rt.config.supervisor_interval.max(Duration::from_micros(1));
+    let samples = REPORT_BLOCKED_AFTER.as_nanos().div_ceil(every.as_nanos()).max(1);
+    if u128::from(w.same) != samples || reported.contains(&(loc as usize)) {
+        return;
+    }
+    let waiting = home_waiting(rt, i);
+    if waiting == 0 {
+        return;
+    }
+    let in_kernel =
+        thread_stat(slot.tid.load(Ordering::Relaxed)).is_some_and(|s| matches!(s.state, b'S' | b'D'));
+    if in_kernel {
+        reported.insert(loc as usize);
+        crate::diagnostics::report_blocked(rt, i, every * w.same, waiting);
+    }
+}
+
+/// Fibers queued that can run only on carrier `i`: those in its home queue, at least one if
+/// its inbox holds any (woken by other threads; the inbox has no length), and the one in its
+/// hand-off slot if it is homed there.
+fn home_waiting(rt: &Shared, i: usize) -> usize {
+    let slot = &rt.slots[i];
+    let queued = slot.home_len.load(Ordering::Relaxed) + usize::from(slot.inbox.maybe_nonempty());
+    queued + usize::from(!lifo_may_run_elsewhere(rt, i) && !slot.lifo.load(Ordering::Acquire).is_null())
+}
+
+/// Whether carrier `i`'s hand-off slot holds a fiber that may run on another carrier (not
+/// homed on `i`).
+fn lifo_may_run_elsewhere(rt: &Shared, i: usize) -> bool {
+    let p = rt.slots[i].lifo.load(Ordering::Acquire);
+    if p.is_null() {
+        return false;
+    }
+    // SAFETY: the slot holds record pointers, and records are freed only with the runtime's
+    // state, which `rt` keeps alive: even one taken meanwhile is live memory, and `home` is an
+    // atomic (a stale read costs one needless wake-up).
+    let home = unsafe { &*p }.home.load(Ordering::Relaxed);
+    home != i
 }
 
 /// What procfs says of a carrier thread (`thread_stat`).
