@@ -120,7 +120,11 @@ impl WaitReason {
     fn is_io(self) -> bool {
         matches!(
             self,
-            WaitReason::NetRead | WaitReason::NetWrite | WaitReason::Future | WaitReason::Signal | WaitReason::Blocking
+            WaitReason::NetRead
+                | WaitReason::NetWrite
+                | WaitReason::Future
+                | WaitReason::Signal
+                | WaitReason::Blocking
         )
     }
 }
@@ -661,7 +665,6 @@ pub(crate) fn install_panic_hook() {
         previous(info)
     }));
 }
-
 
 /// The supervisor found carrier `carrier` blocked in the OS for `blocked_for` while `waiting`
 /// fibers that can run only there (started on it) wait: say which fiber blocks it, and the fix.
