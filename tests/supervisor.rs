@@ -4,7 +4,7 @@
 use std::io::{BufRead, BufReader, Write};
 use std::panic::Location;
 use std::process::{Command, ExitStatus, Stdio};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, mpsc};
 use std::time::{Duration, Instant};
 
@@ -111,6 +111,34 @@ fn a_location_that_keeps_blocking_becomes_known_and_is_compensated_without_delay
     assert!(!blocker.is_finished());
     assert_eq!(rt.metrics().detections, before, "compensated without a detection");
     blocker.join().unwrap();
+
+    // And it starts on a carrier of its own: a fiber already at home on the only regular
+    // carrier keeps running while the known blocker blocks (on its carrier it would wait the
+    // whole second: started fibers never move).
+    let stop = Arc::new(AtomicBool::new(false));
+    let ticks = Arc::new(AtomicUsize::new(0));
+    let (s, t) = (stop.clone(), ticks.clone());
+    let ticker = rt.spawn(move || {
+        while !s.load(Ordering::SeqCst) {
+            t.fetch_add(1, Ordering::SeqCst);
+            vt::sleep(Duration::from_millis(2));
+        }
+    });
+    eventually("the ticker runs", || ticks.load(Ordering::SeqCst) > 0);
+    let blocker = spawn_sleeper(&rt, 600);
+    eventually("the blocker has started", || rt.metrics().carriers_blocked > 0);
+    let at_start = ticks.load(Ordering::SeqCst);
+    std::thread::sleep(Duration::from_millis(300)); // a window inside the blocker's 600 ms
+    let during = ticks.load(Ordering::SeqCst) - at_start;
+    let still_blocked = !blocker.is_finished();
+    blocker.join().unwrap();
+    stop.store(true, Ordering::SeqCst);
+    ticker.join().unwrap();
+    assert!(still_blocked, "the window was inside the block");
+    assert!(
+        during >= 10,
+        "the ticker at home on carrier 0 ticked {during} times while the known blocker blocked"
+    );
 }
 
 /// `vt::blocking` runs its closure on a helper thread: a hundred blockers at once complete

@@ -791,6 +791,17 @@ impl Carrier {
         self.prefetch_ahead(&f);
         let slot = self.slot();
         self.current.set(FiberRef::as_ptr(&f));
+        let f = if !f.started.get() && !self.is_spare {
+            match self.give_known_blocker_away(f) {
+                Ok(()) => {
+                    self.current.set(std::ptr::null());
+                    return;
+                }
+                Err(f) => f,
+            }
+        } else {
+            f
+        };
         if !f.started.replace(true) {
             if !self.rt.config.migrate_started_fibers {
                 f.home.store(self.index, Ordering::Relaxed);
@@ -880,6 +891,25 @@ impl Carrier {
                 FiberRef::release_finished(f);
             }
         }
+    }
+
+    /// A fiber about to start here whose spawn site is known to block (`locations.rs`) starts
+    /// on a carrier of its own instead (`Shared::carrier_for_blocking`), so that it does not
+    /// hold up the fibers at home here. Only with fibers at home: where they migrate,
+    /// compensation already frees them. `Err` gives the fiber back to run here; `Ok` means it
+    /// went to the other carrier's inbox with its run reference, queued `RUNNING` as a yielded
+    /// fiber is (we hold its claim).
+    #[cold]
+    #[inline(never)]
+    fn give_known_blocker_away(&self, f: FiberRef) -> Result<(), FiberRef> {
+        if self.rt.config.migrate_started_fibers || !self.slot().locations.is_known(f.spawned_at()) {
+            return Err(f);
+        }
+        let Some(i) = self.rt.carrier_for_blocking() else { return Err(f) };
+        f.home.store(i, Ordering::Relaxed);
+        f.set_yielded();
+        self.rt.push_inbox(i, f);
+        Ok(())
     }
 
     /// Bookkeeping when a fiber leaves this carrier: the supervisor's view and blocking state.

@@ -72,6 +72,15 @@ impl LocationMap {
         })
     }
 
+    /// Whether `loc` is marked known-blocking here, without counting a run (owner side).
+    pub(crate) fn is_known(&self, loc: &'static Loc) -> bool {
+        let want = loc as *const Loc as *mut Loc;
+        let start = slot_of(loc);
+        (0..MAX_PROBES)
+            .map(|k| &self.entries[(start + k) % CAPACITY])
+            .any(|e| e.key.load(Ordering::Relaxed) == want && e.known.load(Ordering::Relaxed))
+    }
+
     /// Whether `loc` is marked known-blocking here (owner side, at a fiber's first run).
     pub(crate) fn record_run(&self, loc: &'static Loc) -> bool {
         match self.entry(loc) {

@@ -376,6 +376,47 @@ impl Shared {
         }
     }
 
+    /// A carrier of its own for a fiber from a known-blocking spawn site, which is about to
+    /// start on a regular carrier: a retired spare woken, or a new carrier started, within
+    /// `max_carriers`. `None` when the bound is reached (or the runtime stops): the fiber then
+    /// runs where it is and is compensated for, as before.
+    ///
+    /// Why: a started fiber stays on its home carrier, so a fiber that blocks its carrier holds
+    /// up every fiber at home there for as long as it blocks; compensation can move only
+    /// unstarted fibers. Starting the blocker elsewhere (placing an unstarted fiber is free)
+    /// leaves its spawner's carrier, and the fibers at home on it, running.
+    pub(crate) fn carrier_for_blocking(&self) -> Option<usize> {
+        if self.shutdown.load(Ordering::Acquire)
+            || self.active.load(Ordering::Acquire) >= self.config.max_carriers
+        {
+            return None;
+        }
+        let spare = self.spares.lock().unwrap_or_else(|e| e.into_inner()).pop();
+        let i = match spare {
+            Some(i) => {
+                self.active.fetch_add(1, Ordering::AcqRel);
+                self.slots[i].retired.store(false, Ordering::Release);
+                self.unpark_carrier(i);
+                i
+            }
+            None => {
+                let next = {
+                    let u = self.unstarted.lock().unwrap_or_else(|e| e.into_inner());
+                    u.iter().position(Option::is_some)?
+                };
+                self.start_carrier(next, None).ok()?;
+                // Another thread may have taken that slot first; then it is started all the same.
+                if next >= self.started() {
+                    return None;
+                }
+                next
+            }
+        };
+        self.compensations.fetch_add(1, Ordering::Relaxed);
+        self.peak.fetch_max(self.active.load(Ordering::Relaxed), Ordering::Relaxed);
+        Some(i)
+    }
+
     /// A spare carrier with nothing to do while enough others run: retire it (park it as a
     /// spare) unless that would leave fewer than `target` unblocked carriers.
     pub(crate) fn try_retire(&self, i: usize) -> bool {
