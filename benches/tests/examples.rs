@@ -1,6 +1,10 @@
 //! The member's examples, run as tests: each example's code is what the README's sections
 //! "Using async crates" and "With rustls, tungstenite, httparse" quote.
 
+// Both HTTP servers include `common/http.rs` and the flag parser, as each is an example binary
+// of its own; this file includes both servers.
+#![allow(clippy::duplicate_mod)]
+
 use std::io::{Read, Write};
 
 #[allow(dead_code)] // its `main`
