@@ -4,7 +4,9 @@
 //! stops it. Meant as a benchmark target too: `wrk -c 1000 http://127.0.0.1:8080/`.
 //!
 //! Run: `cargo run --release --example http_server -- --port 8080` (`--help` lists the
-//! flags); `benches/tests/examples.rs` tests it.
+//! flags; `--port 0` takes a free one and prints it); `benches/tests/examples.rs` tests it,
+//! and `benches/wrk.sh` runs wrk against it and its tokio twin, `http_server_tokio.rs`, which
+//! shares its HTTP code (`common/http.rs`).
 
 use std::io::{self, Read, Write};
 
@@ -13,10 +15,8 @@ use vt::signal::{Signal, Signals};
 
 #[path = "../../examples/common/args.rs"]
 mod args;
-
-/// The most headers a request may have, and the largest request head, in bytes.
-const MAX_HEADERS: usize = 32;
-const MAX_HEAD: usize = 16 * 1024;
+#[path = "common/http.rs"]
+mod http;
 
 fn main() {
     let a = args::parse(
@@ -26,10 +26,11 @@ fn main() {
             args::flag("--port", "PORT", "8080", "TCP port to listen on"),
             args::flag("--addr", "IP", "127.0.0.1", "address to listen on (0.0.0.0: every interface)"),
             args::flag("--carriers", "N", "", "carriers (default: one per usable CPU)"),
+            args::flag("--no-pin", "", "", "leave carriers unpinned (`pin_carriers(false)`)"),
         ],
     );
     let (ip, port): (String, u16) = (a.value("--addr"), a.value("--port"));
-    let mut builder = vt::Runtime::builder();
+    let mut builder = vt::Runtime::builder().pin_carriers(!a.switch("--no-pin"));
     if let Some(n) = a.get("--carriers") {
         builder = builder.carriers(n);
     }
@@ -71,27 +72,7 @@ fn connection(mut conn: vt::net::TcpStream) -> io::Result<()> {
     let mut out = Vec::with_capacity(4096);
     loop {
         // Answer every complete request already read (pipelining), then write once.
-        let mut keep_alive = true;
-        while keep_alive {
-            let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
-            let mut req = httparse::Request::new(&mut headers);
-            let head = match req.parse(&buf) {
-                Ok(httparse::Status::Complete(n)) => n,
-                Ok(httparse::Status::Partial) if buf.len() < MAX_HEAD => break,
-                Ok(httparse::Status::Partial) => return Err(bad("request head too large")),
-                Err(e) => return Err(bad(&format!("bad request: {e}"))),
-            };
-            let body = content_length(req.headers)?;
-            if buf.len() < head + body {
-                break; // the body is still on its way
-            }
-            keep_alive = match req.version {
-                Some(1) => !has_token(req.headers, "connection", "close"),
-                _ => has_token(req.headers, "connection", "keep-alive"), // HTTP/1.0
-            };
-            respond(&mut out, req.method == Some("GET") && req.path == Some("/"), keep_alive);
-            buf.drain(..head + body);
-        }
+        let keep_alive = http::answer(&mut buf, &mut out)?;
         if !out.is_empty() {
             conn.write_all(&out)?; // parks the fiber while the socket is full
             out.clear();
@@ -106,40 +87,4 @@ fn connection(mut conn: vt::net::TcpStream) -> io::Result<()> {
         }
         buf.extend_from_slice(&chunk[..n]);
     }
-}
-
-/// Appends the response: "Hello, world!" or a 404.
-fn respond(out: &mut Vec<u8>, found: bool, keep_alive: bool) {
-    let (status, body) = if found { ("200 OK", "Hello, world!\n") } else { ("404 Not Found", "not found\n") };
-    let connection = if keep_alive { "keep-alive" } else { "close" };
-    let _ = write!(
-        out,
-        "HTTP/1.1 {status}\r\nContent-Type: text/plain\r\nContent-Length: {}\r\nConnection: {connection}\r\n\r\n{body}",
-        body.len()
-    );
-}
-
-/// The request body's length (`Content-Length`, 0 without one); chunked bodies are refused.
-fn content_length(headers: &[httparse::Header]) -> io::Result<usize> {
-    if headers.iter().any(|h| h.name.eq_ignore_ascii_case("transfer-encoding")) {
-        return Err(bad("chunked request bodies are not supported"));
-    }
-    match headers.iter().find(|h| h.name.eq_ignore_ascii_case("content-length")) {
-        None => Ok(0),
-        Some(h) => std::str::from_utf8(h.value)
-            .ok()
-            .and_then(|v| v.trim().parse().ok())
-            .ok_or_else(|| bad("bad Content-Length")),
-    }
-}
-
-/// Whether header `name` lists `token` (case-insensitive), as `Connection: close` does.
-fn has_token(headers: &[httparse::Header], name: &str, token: &str) -> bool {
-    headers.iter().filter(|h| h.name.eq_ignore_ascii_case(name)).any(|h| {
-        std::str::from_utf8(h.value).is_ok_and(|v| v.split(',').any(|t| t.trim().eq_ignore_ascii_case(token)))
-    })
-}
-
-fn bad(what: &str) -> io::Error {
-    io::Error::new(io::ErrorKind::InvalidData, what.to_string())
 }

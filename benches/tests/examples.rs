@@ -1,6 +1,10 @@
 //! The member's examples, run as tests: each example's code is what the README's sections
 //! "Using async crates" and "With rustls, tungstenite, httparse" quote.
 
+// Both HTTP servers include `common/http.rs` and the flag parser, as each is an example binary
+// of its own; this file includes both servers.
+#![allow(clippy::duplicate_mod)]
+
 use std::io::{Read, Write};
 
 #[allow(dead_code)] // its `main`
@@ -18,6 +22,10 @@ mod ws_echo;
 #[allow(dead_code)]
 #[path = "../examples/http_server.rs"]
 mod http_server;
+
+#[allow(dead_code)]
+#[path = "../examples/http_server_tokio.rs"]
+mod http_server_tokio;
 
 use virtual_threads as vt;
 
@@ -44,12 +52,26 @@ fn http_server_keeps_connections_alive_and_answers_pipelined_requests() {
     let listener = vt::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = listener.local_addr().unwrap();
     vt::spawn(move || http_server::serve(listener));
+    check_http_server(addr);
+}
+
+/// The tokio twin that `benches/wrk.sh` compares with answers byte for byte alike.
+#[test]
+fn http_server_tokio_answers_as_the_vt_one_does() {
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_io().build().unwrap();
+    let listener = rt.block_on(tokio::net::TcpListener::bind("127.0.0.1:0")).unwrap();
+    let addr = listener.local_addr().unwrap();
+    rt.spawn(http_server_tokio::serve(listener));
+    check_http_server(addr);
+}
+
+/// Twenty clients at once, each: two pipelined requests, one split across writes (a request
+/// head and a body that arrive in pieces), then a 404 that closes the connection.
+fn check_http_server(addr: std::net::SocketAddr) {
     let clients: Vec<_> = (0..20)
         .map(|_| {
             std::thread::spawn(move || {
                 let mut conn = std::net::TcpStream::connect(addr).unwrap();
-                // Two requests in one write, then one split across writes (a request head
-                // and a body that arrive in pieces), then a 404 that closes the connection.
                 conn.write_all(format!("{GET}{GET}").as_bytes()).unwrap();
                 let mut two = vec![0; 2 * HELLO.len()];
                 conn.read_exact(&mut two).unwrap();

@@ -53,7 +53,8 @@ const STACK_CACHE: usize = 64;
 /// (`take_coroutine`). Short fibers run back to back need one or two; beyond this, a finished
 /// one's stack goes to the stack cache, which is free (`retire_coroutine`).
 const COROUTINE_CACHE: usize = 16;
-/// Rounds of re-searching before a carrier without work parks its thread.
+/// Rounds of re-searching before a carrier without work parks its thread; past
+/// `PATIENT_ROUNDS`, only while fibers still arrive in some deque (see `search`).
 const SPIN_ROUNDS: u32 = 8;
 /// Rounds in which a searcher leaves a busy carrier's only queued fiber alone (see
 /// `find_work`); with the backoff between rounds, a few microseconds at most.
@@ -527,16 +528,33 @@ impl Carrier {
     /// Nothing local: search the other queues for a few rounds, backing off between them.
     #[inline(never)]
     fn search(&self) -> Option<FiberRef> {
+        let mut pushed = self.deques_pushed();
         for round in 0..SPIN_ROUNDS {
             let found = self.find_work(round >= PATIENT_ROUNDS);
             if found.is_some() || self.rt.shutdown.load(Ordering::Relaxed) {
                 return found;
             }
+            // What a spinner can take is unstarted fibers (started ones stay at home), which
+            // arrive at the tails of the carriers' deques. Past the grace rounds, when no tail
+            // moved over a round, only wakes and I/O remain, which reach a parked carrier as
+            // well: park, and let the reactor gain a poller, rather than spin on (Go's spinning
+            // Ms stop likewise). An HTTP server under wrk spent 20% of its samples here.
+            let now = self.deques_pushed();
+            if round >= PATIENT_ROUNDS && now == pushed {
+                return None;
+            }
+            pushed = now;
             for _ in 0..(16 << round.min(4)) {
                 std::hint::spin_loop();
             }
         }
         None
+    }
+
+    /// Fibers ever pushed onto every started carrier's deque: moves while carriers spawn.
+    fn deques_pushed(&self) -> usize {
+        let slots = &self.rt.slots[..self.rt.started()];
+        slots.iter().fold(0, |sum, s| sum.wrapping_add(s.stealer.pushed()))
     }
 
     /// The fast path: this carrier's own queues.

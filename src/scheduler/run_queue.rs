@@ -230,6 +230,12 @@ impl<T: Entry> Remote<T> {
         self.ring.head.load(Ordering::Relaxed)
     }
 
+    /// How many entries have ever been pushed: a searcher compares two readings to tell
+    /// whether work still arrives here.
+    pub(crate) fn pushed(&self) -> usize {
+        self.ring.tail.load(Ordering::Relaxed)
+    }
+
     /// How many entries the queue holds (a snapshot; it may have changed when this returns).
     pub(crate) fn len(&self) -> usize {
         let r = &*self.ring;
