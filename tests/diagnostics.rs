@@ -347,7 +347,12 @@ fn a_long_fiber_whose_queue_another_carrier_drains_is_not_reported() {
         });
         assert!(done.load(Ordering::Acquire) > 64, "the other carrier ran the children");
         assert!(spawned > 64);
-        assert_eq!(rt.metrics().compensations, 0, "no spare carrier for a queue that drains: {}", rt.metrics());
+        assert_eq!(
+            rt.metrics().compensations,
+            0,
+            "no spare carrier for a queue that drains: {}",
+            rt.metrics()
+        );
         return;
     }
     let (code, _, stderr) =

@@ -53,6 +53,9 @@ const STACK_CACHE: usize = 64;
 /// (`take_coroutine`). Short fibers run back to back need one or two; beyond this, a finished
 /// one's stack goes to the stack cache, which is free (`retire_coroutine`).
 const COROUTINE_CACHE: usize = 16;
+/// How many more fibers at home than another running carrier make a carrier leave unstarted
+/// fibers to it (`Carrier::weigh`): enough that two carriers about even do not trade.
+const HEAVIER_BY: usize = 16;
 /// Rounds of re-searching before a carrier without work parks its thread; past
 /// `PATIENT_ROUNDS`, only while fibers still arrive in some deque (see `search`).
 const SPIN_ROUNDS: u32 = 8;
@@ -80,6 +83,9 @@ pub(crate) struct Carrier {
     /// A compensating carrier beyond the target count: it retires when no longer needed.
     is_spare: bool,
     lifo_streak: Cell<u32>,
+    /// This carrier has clearly more fibers at home than another that runs (read every
+    /// `GLOBAL_CHECK_INTERVAL` ticks, `weigh`): it leaves unstarted fibers to the lighter one.
+    heavier: Cell<bool>,
     tick: Cell<u32>,
     rng: Cell<u64>,
     stacks: UnsafeCell<Vec<FiberStack>>,
@@ -110,6 +116,7 @@ impl Carrier {
             home: UnsafeCell::new(VecDeque::with_capacity(LOCAL_CAP)),
             is_spare: index >= rt.target,
             lifo_streak: Cell::new(0),
+            heavier: Cell::new(false),
             tick: Cell::new(0),
             rng: Cell::new(0x2545_F491_4F6C_DD1D ^ ((index as u64 + 1) << 17)),
             stacks: UnsafeCell::new(Vec::with_capacity(STACK_CACHE)),
@@ -568,9 +575,13 @@ impl Carrier {
             // the idle path that fires them for it may never run while every carrier is busy.
             self.fire_foreign_timers();
             // The injector first: the local queues may never be empty (fibers that keep
-            // yielding), and they are checked right after.
-            if let Some(f) = self.steal_injector() {
-                return Some(f);
+            // yielding), and they are checked right after. Not while clearly heavier than
+            // another carrier: its fibers would stay here once started; the lighter one takes
+            // them (it looks at the injector on its own ticks).
+            if !self.weigh() {
+                if let Some(f) = self.steal_injector() {
+                    return Some(f);
+                }
             }
             if let Some(f) = self.steal_if_lighter() {
                 return Some(f);
@@ -593,13 +604,15 @@ impl Carrier {
         if let Some(f) = self.home_pop(true) {
             return Some(f);
         }
-        if self.rt.idle.any_idle() && self.slot().home_len.load(Ordering::Relaxed) > 0 {
+        if (self.heavier.get() || self.rt.idle.any_idle()) && self.slot().home_len.load(Ordering::Relaxed) > 0
+        {
             // Unstarted fibers wait in the deque ahead of the home queue's oldest, and another
             // carrier is idle: leave them to it. Once started here they could never move, so
             // a carrier that started every fiber it spawned before the others woke would run
             // them all (W5 read 85/15 between two carriers). It runs a fiber at home meanwhile
             // and makes sure an idle carrier looks (a searcher already does: then this is a
-            // fence and a load). When no carrier is idle, arrival order holds as above.
+            // fence and a load). The same while this carrier is clearly heavier than another
+            // (`weigh`), which takes them with `steal_if_lighter`. Otherwise arrival order holds.
             self.rt.notify();
             if let Some(f) = self.home_pop(false) {
                 return Some(f);
@@ -617,6 +630,29 @@ impl Carrier {
     /// `GLOBAL_CHECK_INTERVAL` ticks a carrier with no unstarted fibers of its own takes half of
     /// the unstarted ones of a carrier with more fibers waiting at home than it has. A few
     /// relaxed loads of other carriers' lines per 61 switches; nothing when migration is on.
+    /// Sets and returns `heavier`: whether another running carrier (not retired, not blocked)
+    /// has `HEAVIER_BY` fewer fibers at home than this one. Every `GLOBAL_CHECK_INTERVAL` ticks:
+    /// a few relaxed loads of other carriers' lines. Never with migration on.
+    #[cold]
+    #[inline(never)]
+    fn weigh(&self) -> bool {
+        let rt = &self.rt;
+        let n = rt.started();
+        let mine = self.slot().home_len.load(Ordering::Relaxed);
+        let heavier = !rt.config.migrate_started_fibers
+            && n > 1
+            && mine > HEAVIER_BY
+            && rt.slots[..n].iter().enumerate().any(|(i, s)| {
+                i != self.index
+                    && !s.retired.load(Ordering::Relaxed)
+                    && !s.in_blocking.load(Ordering::Relaxed)
+                    && !s.caught.load(Ordering::Relaxed)
+                    && s.home_len.load(Ordering::Relaxed) + HEAVIER_BY < mine
+            });
+        self.heavier.set(heavier);
+        heavier
+    }
+
     #[cold]
     #[inline(never)]
     fn steal_if_lighter(&self) -> Option<FiberRef> {
