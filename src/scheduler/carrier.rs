@@ -21,6 +21,7 @@ use std::time::{Duration, Instant};
 use corosensei::CoroutineResult;
 
 use super::injector::Batch;
+use super::locations;
 use super::run_queue::{self, Local};
 use super::{CarrierSlot, RECORD_CACHE, RuntimeRef, STOCK_BATCH, Shared, Wake, bump};
 use crate::fiber::builder::new_coroutine;
@@ -841,22 +842,25 @@ impl Carrier {
         bump(&stats.restored_bytes, bytes as u64);
     }
 
-    fn run_claimed(&self, f: FiberRef) {
+    fn run_claimed(&self, mut f: FiberRef) {
         self.prefetch_ahead(&f);
         let slot = self.slot();
         self.current.set(FiberRef::as_ptr(&f));
-        let f = if !f.started.get() && !self.is_spare {
-            match self.give_known_blocker_away(f) {
-                Ok(()) => {
-                    self.current.set(std::ptr::null());
-                    return;
+        if !f.started.get() {
+            // One look-up of the spawn site serves the hand-off and the count of runs.
+            let site = slot.locations.entry(f.spawned_at());
+            let known = site.is_some_and(|e| e.known.load(Ordering::Relaxed));
+            if known && !self.is_spare {
+                match self.give_known_blocker_away(f) {
+                    Ok(()) => {
+                        // Its run is counted where it starts.
+                        self.current.set(std::ptr::null());
+                        return;
+                    }
+                    Err(back) => f = back,
                 }
-                Err(f) => f,
             }
-        } else {
-            f
-        };
-        if !f.started.replace(true) {
+            f.started.set(true);
             if !self.rt.config.migrate_started_fibers {
                 f.home.store(self.index, Ordering::Relaxed);
             }
@@ -869,7 +873,10 @@ impl Carrier {
                 self.current.set(std::ptr::null());
                 return;
             }
-            if slot.locations.record_run(f.spawned_at()) {
+            if let Some(e) = site {
+                locations::count_run(e);
+            }
+            if known {
                 // Known to block: the whole fiber is a blocking section, compensated at once.
                 f.blocking_depth.set(1);
                 f.blocking_at.set(Some(f.spawned_at()));
@@ -956,7 +963,7 @@ impl Carrier {
     #[cold]
     #[inline(never)]
     fn give_known_blocker_away(&self, f: FiberRef) -> Result<(), FiberRef> {
-        if self.rt.config.migrate_started_fibers || !self.slot().locations.is_known(f.spawned_at()) {
+        if self.rt.config.migrate_started_fibers {
             return Err(f);
         }
         let Some(i) = self.rt.carrier_for_blocking() else { return Err(f) };

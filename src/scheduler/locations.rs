@@ -43,6 +43,11 @@ fn slot_of(loc: &'static Loc) -> usize {
     ((p >> 3).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 57) as usize % CAPACITY
 }
 
+/// Counts one run of a fiber from `e`'s location (owner side: single writer).
+pub(crate) fn count_run(e: &Entry) {
+    e.runs.store(e.runs.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
+}
+
 impl LocationMap {
     /// The entry for `loc`, inserting it (owner only). `None` when the table is full around it.
     pub(crate) fn entry(&self, loc: &'static Loc) -> Option<&Entry> {
@@ -72,20 +77,13 @@ impl LocationMap {
         })
     }
 
-    /// Whether `loc` is marked known-blocking here, without counting a run (owner side).
-    pub(crate) fn is_known(&self, loc: &'static Loc) -> bool {
-        let want = loc as *const Loc as *mut Loc;
-        let start = slot_of(loc);
-        (0..MAX_PROBES)
-            .map(|k| &self.entries[(start + k) % CAPACITY])
-            .any(|e| e.key.load(Ordering::Relaxed) == want && e.known.load(Ordering::Relaxed))
-    }
-
-    /// Whether `loc` is marked known-blocking here (owner side, at a fiber's first run).
+    /// Counts a run of `loc` and says whether it is known-blocking (the carrier does both
+    /// with one `entry` at a fiber's first run; the unit tests use this).
+    #[cfg(test)]
     pub(crate) fn record_run(&self, loc: &'static Loc) -> bool {
         match self.entry(loc) {
             Some(e) => {
-                e.runs.store(e.runs.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
+                count_run(e);
                 e.known.load(Ordering::Relaxed)
             }
             None => false,
