@@ -37,11 +37,18 @@ fn appears_in(lines: &[String], file: &str) -> bool {
 fn readme_snippets_are_the_examples_code() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let readme = std::fs::read_to_string(root.join("../README.md")).unwrap();
-    let examples: Vec<(String, String)> = std::fs::read_dir(root.join("examples"))
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .map(|p| (p.display().to_string(), std::fs::read_to_string(&p).unwrap()))
-        .collect();
+    // The examples' files, and those of their shared modules (`examples/common/`).
+    let mut dirs = vec![root.join("examples")];
+    let mut examples: Vec<(String, String)> = Vec::new();
+    while let Some(dir) = dirs.pop() {
+        for p in std::fs::read_dir(dir).unwrap().map(|e| e.unwrap().path()) {
+            if p.is_dir() {
+                dirs.push(p);
+            } else if p.extension().is_some_and(|e| e == "rs") {
+                examples.push((p.display().to_string(), std::fs::read_to_string(&p).unwrap()));
+            }
+        }
+    }
     let mut checked = 0;
     for heading in SECTIONS {
         for block in snippets(&readme, heading) {
