@@ -28,6 +28,9 @@ use virtual_threads as vt;
 use vt::channel::{self, TryRecvError};
 use vt::sync::{Condvar, Mutex, RwLock, Semaphore, TryLockError};
 
+mod common;
+use common::within;
+
 const CHILD: &str = "VT_FAULTS_CHILD";
 /// Generous bound for anything that must not hang (a debug build on a loaded 2-core machine).
 const LIMIT: Duration = Duration::from_secs(30);
@@ -63,19 +66,6 @@ fn child_ok(out: &Output) -> String {
         out.status
     );
     stdout
-}
-
-/// Runs `f` on a helper thread and fails the test if it has not returned within `limit`.
-fn within<T: Send + 'static>(limit: Duration, what: &str, f: impl FnOnce() -> T + Send + 'static) -> T {
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        let _ = tx.send(panic::catch_unwind(AssertUnwindSafe(f)));
-    });
-    match rx.recv_timeout(limit) {
-        Ok(Ok(v)) => v,
-        Ok(Err(p)) => panic::resume_unwind(p),
-        Err(_) => panic!("{what} did not finish within {limit:?}"),
-    }
 }
 
 /// Polls `cond` (with a generous bound) for a state that has no event to wait on.

@@ -19,6 +19,9 @@ use std::time::{Duration, Instant};
 
 use virtual_threads as vt;
 
+mod common;
+use common::within;
+
 const CHILD: &str = "VT_SHUTDOWN_CHILD";
 /// Generous bound for anything that must not hang (a debug build on a loaded 2-core machine).
 const LIMIT: Duration = Duration::from_secs(30);
@@ -45,19 +48,6 @@ fn child_ok(out: &Output) -> String {
         out.status
     );
     stderr.into_owned()
-}
-
-/// Runs `f` on a helper thread and fails the test if it has not returned within `limit`.
-fn within<T: Send + 'static>(limit: Duration, what: &str, f: impl FnOnce() -> T + Send + 'static) -> T {
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        let _ = tx.send(panic::catch_unwind(AssertUnwindSafe(f)));
-    });
-    match rx.recv_timeout(limit) {
-        Ok(Ok(v)) => v,
-        Ok(Err(p)) => panic::resume_unwind(p),
-        Err(_) => panic!("{what} did not finish within {limit:?}"),
-    }
 }
 
 fn rt(carriers: usize) -> vt::Runtime {

@@ -140,10 +140,10 @@ enum Data<T, F> {
     Poisoned,
 }
 
-// SAFETY: `data` is written only by the caller that runs the `Once` (exclusive while it runs),
-// and only read (`&T`) after the `Once` completed, which orders the write before every read.
-// Sharing it shares `&T` (needs `T: Sync`), and any thread may run `F` (`F: Send`) and drop or
-// create `T` there (`T: Send`): std's bounds.
+// `data` is written only by the caller that runs the `Once` (exclusive while it runs), and only
+// read (`&T`) after the `Once` completed, which orders the write before every read.
+// SAFETY: by the above; sharing it shares `&T` (`T: Sync`), and any thread may run `F`
+// (`F: Send`) and drop or create `T` there (`T: Send`): std's bounds.
 unsafe impl<T: Sync + Send, F: Send> Sync for LazyLock<T, F> {}
 
 impl<T: RefUnwindSafe + UnwindSafe, F: UnwindSafe> RefUnwindSafe for LazyLock<T, F> {}
