@@ -659,12 +659,15 @@ fn once_poisoning_reaches_parked_callers() {
 
 #[test]
 fn rwlock_downgrade_lets_readers_in_and_keeps_writers_out() {
-    rt().block_on(|| {
+    // One carrier, so the queue's order is known: the reader queues before the writer. (On
+    // two, the writer could queue first, and a reader behind a queued writer waits for it:
+    // FIFO hand-off. The test read a timeout on a fresh clone that way.)
+    let rt = vt::Runtime::builder().carriers(1).build().unwrap();
+    rt.block_on(|| {
         let lock = Arc::new(RwLock::new(0u32));
         let mut w = lock.write().unwrap();
         *w = 1;
-        // A reader and then a writer arrive while the writer holds the lock (queued, if they
-        // got there first; the assertions hold either way).
+        // A reader and then a writer arrive while the writer holds the lock, and queue.
         let (tx, rx) = vt::channel::bounded::<u32>(1);
         let l = lock.clone();
         let reader = vt::spawn(move || tx.send(*l.read().unwrap()).unwrap());
@@ -674,7 +677,8 @@ fn rwlock_downgrade_lets_readers_in_and_keeps_writers_out() {
             *l.write().unwrap() = 2;
             wr.store(true, Ordering::SeqCst);
         });
-        vt::sleep(Duration::from_millis(20));
+        // Behind the two in the carrier's queue: they run, and park on the lock, first.
+        vt::yield_now();
         let r = vt::sync::RwLockWriteGuard::downgrade(w);
         assert_eq!(*r, 1);
         // The reader gets in while we still read; the writer does not.
