@@ -292,35 +292,7 @@ impl RawRwLock {
     /// after the queue lock is dropped: the next waiters are granted as if it had held the
     /// lock for an instant.
     fn grant_next(&self) {
-        let mut granted = Vec::new();
-        let mut abandoned = Vec::new();
-        {
-            let mut queue = self.queue.lock().unwrap_or_else(PoisonError::into_inner);
-            let first = queue.pop_front().expect("QUEUED set with an empty queue");
-            let mut holders = if first.write { WRITER } else { READER };
-            let first_writes = first.write;
-            granted.push(first);
-            while !first_writes && queue.front().is_some_and(|e| !e.write) {
-                granted.extend(queue.pop_front());
-                holders += READER;
-            }
-            let rest = if queue.is_empty() { 0 } else { QUEUED };
-            // Release: with the grants below, publishes the previous holders' writes.
-            self.state.store(holders | rest, Ordering::Release);
-            // Cancelled entries give their share back below.
-            granted.retain(|entry| {
-                entry.waiter.grant(0) || {
-                    abandoned.push(entry.write);
-                    false
-                }
-            });
-        }
-        for entry in &granted {
-            entry.waiter.unpark();
-        }
-        for write in abandoned {
-            self.unlock_share(write);
-        }
+        self.grant_front(0);
     }
 
     /// The writer becomes a reader. Precondition: the caller holds the write lock; while it
@@ -331,20 +303,34 @@ impl RawRwLock {
         if self.state.compare_exchange(WRITER, READER, Ordering::Release, Ordering::Relaxed).is_ok() {
             return;
         }
+        // Ours is a read share now: the readers at the front of the queue join it.
+        self.grant_front(READER);
+    }
+
+    /// Grants the front of the queue on top of `holders` (0 for a hand-off: one writer, or
+    /// every reader before the next writer; `READER` for a downgrade: the readers before the
+    /// next writer), stores the new state, then wakes them. Cancelled entries give their
+    /// share back after the queue lock is dropped (see `grant_next`).
+    fn grant_front(&self, mut holders: usize) {
         let mut granted = Vec::new();
-        let mut abandoned = 0;
+        let mut abandoned = Vec::new();
         {
             let mut queue = self.queue.lock().unwrap_or_else(PoisonError::into_inner);
-            let mut holders = READER;
-            while queue.front().is_some_and(|e| !e.write) {
+            if holders == 0 {
+                let first = queue.pop_front().expect("QUEUED set with an empty queue");
+                holders = if first.write { WRITER } else { READER };
+                granted.push(first);
+            }
+            while holders != WRITER && queue.front().is_some_and(|e| !e.write) {
                 granted.extend(queue.pop_front());
                 holders += READER;
             }
             let rest = if queue.is_empty() { 0 } else { QUEUED };
+            // Release: with the grants below, publishes the previous holders' writes.
             self.state.store(holders | rest, Ordering::Release);
             granted.retain(|entry| {
                 entry.waiter.grant(0) || {
-                    abandoned += 1;
+                    abandoned.push(entry.write);
                     false
                 }
             });
@@ -352,10 +338,10 @@ impl RawRwLock {
         for entry in &granted {
             entry.waiter.unpark();
         }
-        // A cancelled reader (a runtime's drop unwound it) gives its share back; ours keeps
-        // the count above zero, so this grants nobody.
-        for _ in 0..abandoned {
-            self.read_unlock();
+        // A cancelled waiter (a runtime's drop unwound it) gives its share back; after a
+        // downgrade ours keeps the count above zero, so that grants nobody.
+        for write in abandoned {
+            self.unlock_share(write);
         }
     }
 }
