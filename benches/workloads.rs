@@ -843,12 +843,14 @@ fn interleaved(p: &Peers, ops: &[(&str, Op)]) -> Vec<Vec<Duration>> {
         }
     }
     let mut times = vec![Vec::with_capacity(ROUNDS); ops.len()];
-    for _ in 0..ROUNDS {
-        for ((_, op), samples) in ops.iter().zip(&mut times) {
+    for round in 0..ROUNDS {
+        // Each round starts with the next runtime, so that none always runs first (right after
+        // another runtime's op) or last.
+        for i in (0..ops.len()).map(|i| (i + round) % ops.len()) {
             let threads = thread_count();
             let start = Instant::now();
-            op(p);
-            samples.push(start.elapsed());
+            (ops[i].1)(p);
+            times[i].push(start.elapsed());
             settle(threads);
         }
     }
