@@ -104,6 +104,11 @@ pub struct CarrierMetrics {
     pub injector_pops: u64,
     /// Time it slept with nothing to do.
     pub idle_time: Duration,
+    /// The CPU it is pinned to now; `None` while it may run on any (never pinned, a spare, or
+    /// floating off a CPU that other work shares: [`Builder::pin_carriers`](crate::runtime::Builder::pin_carriers)).
+    pub cpu: Option<usize>,
+    /// Times it was let float off a CPU that other work shared.
+    pub floats: u64,
 }
 
 /// A code location the supervisor learned blocks its carrier.
@@ -177,6 +182,8 @@ impl Metrics {
                     steals: s.stats.steals.load(Ordering::Relaxed),
                     injector_pops: s.stats.injector_pops.load(Ordering::Relaxed),
                     idle_time: Duration::from_nanos(s.stats.idle_ns.load(Ordering::Relaxed)),
+                    cpu: Some(s.cpu.load(Ordering::Relaxed)).filter(|&c| c != crate::scheduler::NOT_PINNED),
+                    floats: s.floats.load(Ordering::Relaxed),
                 })
                 .collect(),
         }
@@ -230,12 +237,18 @@ impl fmt::Display for Metrics {
         for (i, c) in self.per_carrier.iter().enumerate() {
             writeln!(
                 f,
-                "carrier {i}: {} switches, {} fibers started, {} stolen, {} from the injector, idle {:.3} s",
+                "carrier {i}: {} switches, {} fibers started, {} stolen, {} from the injector, idle {:.3} s, {}",
                 c.switches,
                 c.fibers_started,
                 c.steals,
                 c.injector_pops,
-                c.idle_time.as_secs_f64()
+                c.idle_time.as_secs_f64(),
+                match (c.cpu, c.floats) {
+                    (Some(cpu), 0) => format!("pinned to CPU {cpu}"),
+                    (Some(cpu), n) => format!("pinned to CPU {cpu} (floated {n} times)"),
+                    (None, 0) => "not pinned".to_string(),
+                    (None, n) => format!("not pinned (floated {n} times)"),
+                }
             )?;
         }
         for k in &self.known_blocking {

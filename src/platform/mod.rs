@@ -6,6 +6,7 @@
 pub(crate) mod epoll;
 pub(crate) mod net;
 pub(crate) mod signal;
+pub(crate) mod thread;
 
 use std::io;
 use std::sync::OnceLock;

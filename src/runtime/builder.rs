@@ -5,7 +5,7 @@ use std::io;
 use std::time::Duration;
 
 use super::Runtime;
-use super::config::Config;
+use super::config::{Affinity, Config};
 use crate::fiber::stack::{DEFAULT_STACK_SIZE, usable_size};
 
 /// Default time between two supervisor samples: 10 ms detects a blocked carrier in ~2 ticks
@@ -24,7 +24,7 @@ pub const DEFAULT_MAX_CARRIERS: usize = 256;
 pub struct Builder {
     carriers: Option<usize>,
     max_carriers: Option<usize>,
-    pin_carriers: bool,
+    pin_carriers: Option<bool>,
     migrate_started_fibers: bool,
     stack_size: usize,
     fiber_roots: bool,
@@ -51,7 +51,7 @@ impl Builder {
         Builder {
             carriers: None,
             max_carriers: None,
-            pin_carriers: true,
+            pin_carriers: None,
             migrate_started_fibers: false,
             stack_size: DEFAULT_STACK_SIZE,
             fiber_roots: true,
@@ -79,9 +79,23 @@ impl Builder {
         self
     }
 
-    /// Pin each carrier to one CPU (default `true`). Failing to pin is not an error.
+    /// Pin each carrier to one CPU always (`true`), or never (`false`).
+    ///
+    /// By default each carrier is pinned to one CPU until the supervisor sees that CPU shared:
+    /// a carrier that waited for its CPU a fifth of the time, twice in a row over ~100 ms
+    /// windows (another process, a load generator or a sidecar, runs there), floats, free to
+    /// run on any CPU this process may use, and is pinned again after a while to look once
+    /// more (after 10 s, doubling each time it has to float again, up to 5 minutes). A pinned
+    /// carrier cannot leave a CPU another process keeps busy, and started fibers cannot leave
+    /// their carrier: on a shared host, pinning alone costs throughput (figures in the README's
+    /// "CPU affinity"). [`Metrics::per_carrier`](crate::Metrics::per_carrier) says where each
+    /// carrier is pinned now.
+    ///
+    /// The environment variable `VT_PIN_CARRIERS=1` (or `0`) forces pinning on (or off) for
+    /// every runtime of the process, over this setting; any other value makes `build` fail with
+    /// `InvalidInput`. Failing to pin is not an error.
     pub fn pin_carriers(mut self, pin: bool) -> Builder {
-        self.pin_carriers = pin;
+        self.pin_carriers = Some(pin);
         self
     }
 
@@ -282,7 +296,7 @@ impl Builder {
         Ok(Config {
             carriers,
             max_carriers,
-            pin_carriers: self.pin_carriers,
+            affinity: affinity(self.pin_carriers, std::env::var_os("VT_PIN_CARRIERS"))?,
             migrate_started_fibers: self.migrate_started_fibers,
             stack_size: usable_size(self.stack_size)?,
             fiber_roots: self.fiber_roots,
@@ -294,6 +308,31 @@ impl Builder {
             compact_parked_after: self.compact_parked_after,
         })
     }
+}
+
+/// Where carriers run: `VT_PIN_CARRIERS` (`0` or `1`) over the builder's `pin_carriers`, over
+/// the adaptive default.
+fn affinity(pin: Option<bool>, env: Option<OsString>) -> io::Result<Affinity> {
+    let forced = match env.as_ref().map(|v| v.to_str().map(str::trim)) {
+        None | Some(Some("")) => None,
+        Some(Some("1")) => Some(true),
+        Some(Some("0")) => Some(false),
+        Some(_) => {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!(
+                    "VT_PIN_CARRIERS={:?} in the environment is not 0 (carriers never pinned) or 1 \
+                     (always pinned); unset it for the default (pinned, floating off a shared CPU)",
+                    env.unwrap_or_default()
+                ),
+            ));
+        }
+    };
+    Ok(match forced.or(pin) {
+        None => Affinity::Adaptive,
+        Some(true) => Affinity::Pinned,
+        Some(false) => Affinity::Floating,
+    })
 }
 
 /// The environment variables of [`Builder::with_env`] that are set, as `NAME=value` pairs, for
@@ -325,6 +364,19 @@ fn parse_size(text: &str) -> Option<usize> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn vt_pin_carriers_forces_either_and_rejects_anything_else() {
+        let env = |v: &str| Some(OsString::from(v));
+        assert_eq!(affinity(None, None).unwrap(), Affinity::Adaptive);
+        assert_eq!(affinity(Some(true), None).unwrap(), Affinity::Pinned);
+        assert_eq!(affinity(Some(false), env("")).unwrap(), Affinity::Floating);
+        assert_eq!(affinity(Some(true), env("0")).unwrap(), Affinity::Floating);
+        assert_eq!(affinity(None, env(" 1 ")).unwrap(), Affinity::Pinned);
+        let e = affinity(None, env("yes")).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::InvalidInput);
+        assert!(e.to_string().contains("VT_PIN_CARRIERS=\"yes\""), "{e}");
+    }
 
     #[test]
     fn invalid_settings_are_invalid_input() {

@@ -6,7 +6,7 @@ use std::time::Duration;
 pub(crate) struct Config {
     pub(crate) carriers: usize,
     pub(crate) max_carriers: usize,
-    pub(crate) pin_carriers: bool,
+    pub(crate) affinity: Affinity,
     /// Started fibers may move between carriers (the `unsafe` opt-in); else they stay home.
     pub(crate) migrate_started_fibers: bool,
     /// Usable bytes per stack, rounded to whole pages.
@@ -20,4 +20,16 @@ pub(crate) struct Config {
     pub(crate) dump_on_sigquit: bool,
     /// Compact the stacks of fibers parked this long (`fiber/compact.rs`); `None`: never.
     pub(crate) compact_parked_after: Option<Duration>,
+}
+
+/// Where carriers run (`Builder::pin_carriers`, `VT_PIN_CARRIERS`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Affinity {
+    /// Each carrier pinned to one CPU, until that CPU turns out to be shared with other work:
+    /// then it floats (`scheduler/affinity.rs`). The default.
+    Adaptive,
+    /// Each carrier pinned to one CPU, whatever else runs there.
+    Pinned,
+    /// No carrier pinned: the OS places them.
+    Floating,
 }

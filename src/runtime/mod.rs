@@ -19,7 +19,7 @@ use std::sync::{Mutex, OnceLock};
 use std::thread;
 
 pub use builder::Builder;
-use config::Config;
+use config::{Affinity, Config};
 
 use crate::diagnostics::WaitReason;
 use crate::fiber::JoinHandle;
@@ -67,8 +67,10 @@ impl Runtime {
         crate::diagnostics::install_panic_hook();
 
         let n = config.carriers;
-        let cores =
-            if config.pin_carriers { core_affinity::get_core_ids().unwrap_or_default() } else { Vec::new() };
+        let cores = match config.affinity {
+            Affinity::Floating => Vec::new(),
+            Affinity::Adaptive | Affinity::Pinned => core_affinity::get_core_ids().unwrap_or_default(),
+        };
         let name = config.thread_name.clone();
         let reactor = crate::net::reactor::Reactor::new()?;
         let rt = RuntimeRef::new(Shared::new(config, reactor));

@@ -8,6 +8,7 @@
 //! stealing half of a random victim's deque → sleep. Wakes from other threads reach a started
 //! fiber's home through its lock-free inbox. See `arch/scheduler.md`.
 
+mod affinity;
 pub(crate) mod carrier;
 mod idle;
 mod inbox;
@@ -97,6 +98,11 @@ pub(crate) struct CarrierSlot {
     pub(crate) locations: locations::LocationMap,
     /// A spare carrier parked until compensation needs it again.
     pub(crate) retired: AtomicBool,
+    /// The CPU this carrier is pinned to now, or `NOT_PINNED` (written by the carrier when it
+    /// pins itself, then by the supervisor's affinity policy: `affinity.rs`).
+    pub(crate) cpu: AtomicUsize,
+    /// Times the affinity policy let this carrier float off a shared CPU.
+    pub(crate) floats: AtomicU64,
     /// Scheduling counters, written by this carrier alone (summed by `Runtime::metrics`).
     pub(crate) stats: Stats,
 }
@@ -123,6 +129,9 @@ pub(crate) struct Stats {
     pub(crate) restores: AtomicU64,
     pub(crate) restored_bytes: AtomicU64,
 }
+
+/// `CarrierSlot::cpu` of a carrier that may run on any CPU.
+pub(crate) const NOT_PINNED: usize = usize::MAX;
 
 /// Adds `n` to a single-writer counter.
 #[inline]
@@ -178,6 +187,8 @@ pub(crate) struct Shared {
     pub(crate) epoch: Instant,
     pub(crate) stacks: &'static SizeClass,
     pub(crate) reactor: Reactor,
+    /// The CPUs a carrier that is not pinned may run on (`affinity.rs`).
+    pub(crate) anywhere: Vec<usize>,
     /// Carriers the runtime aims to have running fibers (`config.carriers`).
     pub(crate) target: usize,
     /// Slots `0..started` have (or had) a thread.
@@ -247,6 +258,8 @@ impl Shared {
                         tid: AtomicI32::new(0),
                         locations: locations::LocationMap::default(),
                         retired: AtomicBool::new(false),
+                        cpu: AtomicUsize::new(NOT_PINNED),
+                        floats: AtomicU64::new(0),
                         stats: Stats::default(),
                     })
                 })
@@ -264,6 +277,7 @@ impl Shared {
             config,
             records: Mutex::new(Vec::new()),
             reactor,
+            anywhere: affinity::anywhere(),
             target: n,
             started: AtomicUsize::new(0),
             active: AtomicUsize::new(0),
@@ -317,13 +331,12 @@ impl Shared {
         // starts with `searching` set, so its first search or sleep ends it.
         self.idle.start_searching();
         let spawned = std::thread::Builder::new().name(name).spawn(move || {
-            if let Some(core) = core {
-                // Not fatal: a carrier that cannot be pinned still runs fibers.
-                let _ = core_affinity::set_for_current(core);
+            // Not fatal: a carrier that cannot be pinned still runs fibers.
+            if core.is_some_and(core_affinity::set_for_current) {
+                rt.slots[i].cpu.store(core.map_or(NOT_PINNED, |c| c.id), Ordering::Relaxed);
             }
             rt.slots[i].thread.get_or_init(std::thread::current);
-            // SAFETY: gettid has no preconditions.
-            rt.slots[i].tid.store(unsafe { libc::gettid() }, Ordering::Relaxed);
+            rt.slots[i].tid.store(crate::platform::thread::gettid(), Ordering::Relaxed);
             carrier::Carrier::run(i, rt, worker);
         });
         #[cfg(test)]

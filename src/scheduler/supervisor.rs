@@ -92,6 +92,7 @@ pub(crate) fn run(rt: RuntimeRef) {
     let mut compactor = Compactor::new(&rt);
     let mut scavenger = Scavenger { next: Instant::now() + SCAVENGE_EVERY };
     let mut saturation = Saturation::default();
+    let mut affinity = super::affinity::Policy::new(&rt);
     while !rt.shutdown.load(Ordering::Acquire) {
         rt.tick_clock();
         let started = rt.started();
@@ -104,6 +105,9 @@ pub(crate) fn run(rt: RuntimeRef) {
             }
         }
         saturation.check(&rt);
+        if let Some(a) = &mut affinity {
+            a.check(&rt);
+        }
         tick += 1;
         if tick % 8 == 0 && rt.detections.load(Ordering::Relaxed) > 0 {
             aggregate(&rt, &mut totals);

@@ -1,0 +1,79 @@
+//! Threads' CPU affinity and run-queue delay: what the carriers' affinity policy
+//! (`scheduler/affinity.rs`) reads and sets from the supervisor's thread.
+
+use std::io;
+use std::time::Duration;
+
+/// The CPUs the calling thread may run on (`sched_getaffinity`), in increasing order; empty if
+/// the call fails.
+pub(crate) fn allowed_cpus() -> Vec<usize> {
+    // SAFETY: cpu_set_t is plain data; all zeroes is the empty set.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    // SAFETY: `set` is a valid, writable cpu_set_t of the size passed; pid 0 is this thread.
+    if unsafe { libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) } != 0 {
+        return Vec::new();
+    }
+    // SAFETY: CPU_ISSET reads the set within its bounds (the index is below CPU_SETSIZE).
+    (0..libc::CPU_SETSIZE as usize).filter(|&c| unsafe { libc::CPU_ISSET(c, &set) }).collect()
+}
+
+/// Lets thread `tid` of this process run on `cpus` only (`sched_setaffinity`). CPUs at or
+/// beyond `CPU_SETSIZE` are ignored; an empty or unusable set is the OS's `EINVAL`.
+pub(crate) fn set_affinity(tid: i32, cpus: &[usize]) -> io::Result<()> {
+    // SAFETY: cpu_set_t is plain data; all zeroes is the empty set.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    for &c in cpus.iter().filter(|&&c| c < libc::CPU_SETSIZE as usize) {
+        // SAFETY: `c` is below CPU_SETSIZE, so CPU_SET writes inside `set`.
+        unsafe { libc::CPU_SET(c, &mut set) };
+    }
+    // SAFETY: `set` is a valid cpu_set_t of the size passed. A stale tid (a thread that exited)
+    // is ESRCH, or at worst another thread of ours that reused the id, which only moves it.
+    if unsafe { libc::sched_setaffinity(tid, std::mem::size_of::<libc::cpu_set_t>(), &set) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// The calling thread's kernel id.
+pub(crate) fn gettid() -> i32 {
+    // SAFETY: gettid has no preconditions.
+    unsafe { libc::gettid() }
+}
+
+/// How long thread `tid` of this process has waited, runnable, for a CPU since it started:
+/// the second field of `/proc/self/task/<tid>/schedstat` (the scheduler's `run_delay`). `None`
+/// if procfs does not say (no such thread, or a kernel without `CONFIG_SCHED_INFO`).
+pub(crate) fn run_delay(tid: i32) -> Option<Duration> {
+    let text = std::fs::read_to_string(format!("/proc/self/task/{tid}/schedstat")).ok()?;
+    parse_run_delay(&text)
+}
+
+fn parse_run_delay(schedstat: &str) -> Option<Duration> {
+    let ns = schedstat.split_ascii_whitespace().nth(1)?.parse().ok()?;
+    Some(Duration::from_nanos(ns))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_the_run_delay_field() {
+        assert_eq!(parse_run_delay("478479006 528693352 139\n"), Some(Duration::from_nanos(528_693_352)));
+        assert_eq!(parse_run_delay("478479006\n"), None);
+        assert_eq!(parse_run_delay(""), None);
+    }
+
+    #[test]
+    fn a_thread_moves_between_cpu_sets_and_back() {
+        let all = allowed_cpus();
+        assert!(!all.is_empty(), "this thread may run somewhere");
+        let tid = gettid();
+        set_affinity(tid, &all[..1]).unwrap();
+        assert_eq!(allowed_cpus(), &all[..1]);
+        set_affinity(tid, &all).unwrap();
+        assert_eq!(allowed_cpus(), all);
+        assert!(set_affinity(tid, &[]).is_err(), "an empty set is refused");
+        assert!(run_delay(tid).is_some(), "procfs has this thread's schedstat");
+    }
+}
