@@ -9,9 +9,10 @@
 #
 # Settings (environment): ROUNDS (default 3), DURATION (wrk's -d, default 10s), CONNS
 # (default "100 1000"), VT_ARGS / TOKIO_ARGS (extra flags for each server, e.g.
-# VT_ARGS=--no-pin or VT_ARGS="--carriers 2"), VT_BIN (another build of http_server, to
-# compare two builds of the runtime against the same tokio). Installs wrk with apt-get if it
-# is missing.
+# VT_ARGS="--carriers 2"), VT_BIN (another build of http_server, to compare two builds of the
+# runtime against the same tokio), VT_PIN_MODES (e.g. "1 0": one more vt server per mode, named
+# vt-pin1 / vt-pin0, run with VT_PIN_CARRIERS set to it, beside the default `vt`, whose carriers
+# are pinned until their CPU is shared). Installs wrk with apt-get if it is missing.
 set -euo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -20,7 +21,14 @@ DURATION=${DURATION:-10s}
 CONNS=${CONNS:-100 1000}
 VT_ARGS=${VT_ARGS:-}
 TOKIO_ARGS=${TOKIO_ARGS:-}
+VT_PIN_MODES=${VT_PIN_MODES:-}
 SERVERS=(vt tokio)
+for mode in $VT_PIN_MODES; do
+    case $mode in
+        0 | 1) SERVERS+=("vt-pin$mode") ;;
+        *) echo "wrk.sh: VT_PIN_MODES takes 0 and 1, got '$mode'" >&2; exit 2 ;;
+    esac
+done
 
 if ! command -v wrk >/dev/null; then
     echo "wrk.sh: installing wrk (apt-get)" >&2
@@ -63,7 +71,8 @@ start_server() {
     local name=$1 log="$work/server.out"
     local -a cmd
     case $name in
-        vt) read -r -a cmd <<<"$VT_BIN --port 0 $VT_ARGS" ;;
+        vt) read -r -a cmd <<<"env VT_PIN_CARRIERS= $VT_BIN --port 0 $VT_ARGS" ;;
+        vt-pin*) read -r -a cmd <<<"env VT_PIN_CARRIERS=${name#vt-pin} $VT_BIN --port 0 $VT_ARGS" ;;
         tokio) read -r -a cmd <<<"$bin_dir/http_server_tokio --port 0 $TOKIO_ARGS" ;;
     esac
     : >"$log"
@@ -103,7 +112,7 @@ to_ms() {
 
 results="$work/results"
 : >"$results"
-printf '%-6s %5s %5s %10s %9s %12s  %s\n' server c round req/s p99_ms cpu_us/req loadavg >&2
+printf '%-8s %5s %5s %10s %9s %12s  %s\n' server c round req/s p99_ms cpu_us/req loadavg >&2
 for c in $CONNS; do
     for round in $(seq "$ROUNDS"); do
         for k in $(seq 0 $((${#SERVERS[@]} - 1))); do
@@ -121,7 +130,7 @@ for c in $CONNS; do
             [ -z "$errors" ] || echo "wrk.sh: $name c=$c: $errors" >&2
             cpu_us=$(awk -v t=$((after - before)) -v hz="$tick" -v n="$requests" \
                 'BEGIN { printf "%.2f", (n > 0 ? t / hz * 1e6 / n : 0) }')
-            printf '%-6s %5s %5s %10.0f %9.2f %12s  %s\n' "$name" "$c" "$round" "$rps" "$p99" "$cpu_us" "$load" >&2
+            printf '%-8s %5s %5s %10.0f %9.2f %12s  %s\n' "$name" "$c" "$round" "$rps" "$p99" "$cpu_us" "$load" >&2
             echo "$name $c $rps $p99 $cpu_us" >>"$results"
         done
     done
@@ -138,17 +147,19 @@ awk '
     }
     function ratio(a, b) { return b > 0 ? sprintf("%.2f", a / b) : "-" }
     { k = $1 " " $2; rps[k] = rps[k] " " $3; p99[k] = p99[k] " " $4; cpu[k] = cpu[k] " " $5
-      if (!($2 in seen)) { seen[$2] = 1; cs[++nc] = $2 } }
+      if (!($2 in seen)) { seen[$2] = 1; cs[++nc] = $2 }
+      if (!($1 in named)) { named[$1] = 1; ss[++ns] = $1 } }
     END {
         printf "| server | c | req/s | p99 | server CPU per request |\n|---|---|---|---|---|\n"
-        for (i = 1; i <= nc; i++) for (s = 1; s <= 2; s++) {
-            name = s == 1 ? "vt" : "tokio"; k = name " " cs[i]
+        for (i = 1; i <= nc; i++) for (s = 1; s <= ns; s++) {
+            k = ss[s] " " cs[i]
             R[k] = median(rps[k]); P[k] = median(p99[k]); C[k] = median(cpu[k])
-            printf "| %s | %s | %.0f | %.2f ms | %.1f µs |\n", name, cs[i], R[k], P[k], C[k]
+            printf "| %s | %s | %.0f | %.2f ms | %.1f µs |\n", ss[s], cs[i], R[k], P[k], C[k]
         }
-        printf "\n| c | vt/tokio req/s | vt/tokio CPU per request | vt/tokio p99 |\n|---|---|---|---|\n"
-        for (i = 1; i <= nc; i++) {
-            v = "vt " cs[i]; t = "tokio " cs[i]
-            printf "| %s | %s | %s | %s |\n", cs[i], ratio(R[v], R[t]), ratio(C[v], C[t]), ratio(P[v], P[t])
+        printf "\n| server | c | /tokio req/s | /tokio CPU per request | /tokio p99 |\n|---|---|---|---|---|\n"
+        for (s = 1; s <= ns; s++) for (i = 1; i <= nc; i++) {
+            if (ss[s] == "tokio") continue
+            v = ss[s] " " cs[i]; t = "tokio " cs[i]
+            printf "| %s | %s | %s | %s | %s |\n", ss[s], cs[i], ratio(R[v], R[t]), ratio(C[v], C[t]), ratio(P[v], P[t])
         }
     }' "$results"
