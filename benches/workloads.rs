@@ -24,6 +24,9 @@
 //! Every runtime gets one worker per core and the same sizes. `migrate` is vt itself built with
 //! the `unsafe` opt-in `migrate_started_fibers(true)`: the row the sound default (started
 //! fibers stay on their home carrier) is held to (issue 19: within 5%, W5 at least as fast).
+//! `unpinned` is vt with `pin_carriers(false)`: what pinning (the default pins each carrier until
+//! its CPU is shared) buys on this machine. `VT_PIN_CARRIERS` in the environment would force one
+//! policy on every vt row: leave it unset here.
 //! Where a peer's shape needed a
 //! choice, it is the one that measured fastest for that peer:
 //! - vt: one `Runtime` with `carriers = cores`; the op's caller is the fiber `block_on` runs.
@@ -89,6 +92,9 @@ struct Peers {
     /// vt with started fibers migrating between carriers (the `unsafe` opt-in): the column the
     /// home-carrier default is measured against (issue 19).
     vt_migrate: vt::Runtime,
+    /// vt with carriers never pinned (`pin_carriers(false)`): the `unpinned` row, against the
+    /// default (pinned until a carrier's CPU is shared).
+    vt_unpinned: vt::Runtime,
     tokio: tokio::runtime::Runtime,
     rayon: rayon::ThreadPool,
     /// W5's `bare` floor: each thread's coroutine stacks, carved once (see `w5::bare`).
@@ -113,11 +119,11 @@ macro_rules! ops {
 
 #[rustfmt::skip]
 const SUITE: &[Workload] = &[
-    Workload { id: "W1_fork_join", size: "n = 10,000", ops: ops!(w1: vt, migrate, tokio, may, rayon, std) },
-    Workload { id: "W2_fork_many", size: "n = 10,000", ops: ops!(w2: vt, migrate, tokio, may, rayon, std) },
-    Workload { id: "W3_chained_fork", size: "n = 10,000", ops: ops!(w3: vt, migrate, tokio, may, rayon, std) },
-    Workload { id: "W4_ping_pong", size: "r = 10,000", ops: ops!(w4: vt, migrate, tokio, may) },
-    Workload { id: "W5_yield_many", size: "t = y = 1,000", ops: ops!(w5: vt, migrate, tokio, may, bare) },
+    Workload { id: "W1_fork_join", size: "n = 10,000", ops: ops!(w1: vt, migrate, unpinned, tokio, may, rayon, std) },
+    Workload { id: "W2_fork_many", size: "n = 10,000", ops: ops!(w2: vt, migrate, unpinned, tokio, may, rayon, std) },
+    Workload { id: "W3_chained_fork", size: "n = 10,000", ops: ops!(w3: vt, migrate, unpinned, tokio, may, rayon, std) },
+    Workload { id: "W4_ping_pong", size: "r = 10,000", ops: ops!(w4: vt, migrate, unpinned, tokio, may) },
+    Workload { id: "W5_yield_many", size: "t = y = 1,000", ops: ops!(w5: vt, migrate, unpinned, tokio, may, bare) },
 ];
 
 impl Workload {
@@ -165,6 +171,11 @@ impl Peers {
             vt_migrate: unsafe { vt::Runtime::builder().carriers(cores).migrate_started_fibers(true) }
                 .build()
                 .expect("vt runtime"),
+            vt_unpinned: vt::Runtime::builder()
+                .carriers(cores)
+                .pin_carriers(false)
+                .build()
+                .expect("vt runtime"),
             tokio: tokio_runtime(cores),
             rayon: rayon::ThreadPoolBuilder::new().num_threads(cores).build().expect("rayon pool"),
             bare_stacks: (0..cores)
@@ -204,6 +215,11 @@ mod w1 {
     /// The same op on the runtime built with the `unsafe` opt-in `migrate_started_fibers`.
     pub fn migrate(p: &Peers) {
         on(&p.vt_migrate);
+    }
+
+    /// The same op with carriers never pinned.
+    pub fn unpinned(p: &Peers) {
+        on(&p.vt_unpinned);
     }
 
     fn on(rt: &vt::Runtime) {
@@ -261,6 +277,11 @@ mod w2 {
     /// The same op on the runtime built with the `unsafe` opt-in `migrate_started_fibers`.
     pub fn migrate(p: &Peers) {
         on(&p.vt_migrate);
+    }
+
+    /// The same op with carriers never pinned.
+    pub fn unpinned(p: &Peers) {
+        on(&p.vt_unpinned);
     }
 
     fn on(rt: &vt::Runtime) {
@@ -354,6 +375,11 @@ mod w3 {
         on(&p.vt_migrate);
     }
 
+    /// The same op with carriers never pinned.
+    pub fn unpinned(p: &Peers) {
+        on(&p.vt_unpinned);
+    }
+
     fn on(rt: &vt::Runtime) {
         fn link(i: usize, done: channel::oneshot::Sender<()>) {
             match i {
@@ -434,6 +460,11 @@ mod w4 {
         on(&p.vt_migrate);
     }
 
+    /// The same op with carriers never pinned.
+    pub fn unpinned(p: &Peers) {
+        on(&p.vt_unpinned);
+    }
+
     fn on(rt: &vt::Runtime) {
         rt.block_on(|| {
             let ((to_b, from_a), (to_a, from_b)) = (channel::bounded(1), channel::bounded(1));
@@ -503,6 +534,11 @@ mod w5 {
     /// The same op on the runtime built with the `unsafe` opt-in `migrate_started_fibers`.
     pub fn migrate(p: &Peers) {
         on(&p.vt_migrate);
+    }
+
+    /// The same op with carriers never pinned.
+    pub fn unpinned(p: &Peers) {
+        on(&p.vt_unpinned);
     }
 
     fn on(rt: &vt::Runtime) {
