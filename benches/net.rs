@@ -12,7 +12,8 @@
 //!
 //! Run: `cargo bench --bench net`. Environment: `NET_BENCH_THREADS` (server carriers/workers
 //! and client workers each, default 2), `NET_BENCH_IDLE` (idle connections, default 5,000),
-//! `NET_BENCH_PIN=0` (do not pin the runtime's carriers; tokio's workers are never pinned).
+//! `NET_BENCH_PIN=1` or `0` (carriers always or never pinned; by default pinned until their CPU is
+//! shared; tokio's workers are never pinned).
 
 use std::io::{Read, Write};
 use std::net::SocketAddr;
@@ -203,10 +204,14 @@ fn median(mut v: Vec<f64>) -> f64 {
 fn main() {
     let threads = env("NET_BENCH_THREADS", 2);
     let idle = env("NET_BENCH_IDLE", 5_000);
-    // Pinning is the runtime's default; tokio's workers are not pinned, and on a machine shared
-    // with the client (and others) a pinned carrier cannot move off a busy CPU.
-    let pin = env("NET_BENCH_PIN", 1) != 0;
-    let vt_rt = vt::Runtime::builder().carriers(threads).pin_carriers(pin).build().unwrap();
+    // The runtime's default pins each carrier until its CPU is shared (the client runs here
+    // too); NET_BENCH_PIN=1 or 0 forces pinned or unpinned (tokio's workers are not pinned).
+    let mut builder = vt::Runtime::builder().carriers(threads);
+    match env("NET_BENCH_PIN", 2) {
+        2 => {}
+        pin => builder = builder.pin_carriers(pin != 0),
+    }
+    let vt_rt = builder.build().unwrap();
     let tokio_rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(threads)
         .thread_name("tokio-server")

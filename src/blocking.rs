@@ -119,6 +119,8 @@ fn submit(task: Task) -> std::io::Result<()> {
 
 /// A helper thread's body: run queued calls; exit after `IDLE_EXIT` without any.
 fn helper() {
+    // Started from a carrier, which may be pinned: the call must not share its CPU.
+    crate::platform::thread::unpin_current();
     let mut p = POOL.lock().unwrap_or_else(|e| e.into_inner());
     loop {
         if let Some(t) = p.queue.pop_front() {

@@ -67,6 +67,8 @@ fn contend(
 fn a_carrier_floats_off_a_cpu_another_thread_keeps_busy() {
     let Some(cpu) = first_cpu() else { return };
     let rt = vt::Runtime::builder().carriers(1).build().unwrap();
+    // A fiber ran on the carrier, so its thread has pinned itself (before its first fiber).
+    rt.block_on(|| ());
     assert_eq!(rt.metrics().per_carrier[0].cpu, Some(cpu), "pinned while its CPU is its own");
     drop(rt);
     let seen = contend(vt::Runtime::builder(), cpu, |c| c.floats > 0);
@@ -89,4 +91,22 @@ fn never_pinned_has_no_cpu() {
     let rt = vt::Runtime::builder().carriers(2).pin_carriers(false).build().unwrap();
     let m = rt.metrics();
     assert!(m.per_carrier.iter().all(|c| c.cpu.is_none() && c.floats == 0), "{m}");
+}
+
+/// `Cpus_allowed_list` of `/proc/<path>/status`.
+fn cpus_allowed(path: &str) -> String {
+    let status = std::fs::read_to_string(format!("/proc/{path}/status")).unwrap();
+    status.lines().find_map(|l| l.strip_prefix("Cpus_allowed_list:")).unwrap().trim().to_string()
+}
+
+#[test]
+fn a_blocking_call_does_not_share_its_carriers_cpu() {
+    let Some(cpu) = first_cpu() else { return };
+    let rt = vt::Runtime::builder().carriers(1).build().unwrap();
+    // A thread inherits its creator's CPU mask: the helper that runs the call is started by the
+    // pinned carrier.
+    let (carrier, helper) =
+        rt.block_on(|| (cpus_allowed("thread-self"), vt::blocking(|| cpus_allowed("thread-self"))));
+    assert_eq!(carrier, cpu.to_string(), "the carrier is pinned");
+    assert_eq!(helper, cpus_allowed("self"), "the helper may run wherever the main thread may");
 }

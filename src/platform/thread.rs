@@ -4,17 +4,35 @@
 use std::io;
 use std::time::Duration;
 
-/// The CPUs the calling thread may run on (`sched_getaffinity`), in increasing order; empty if
-/// the call fails.
-pub(crate) fn allowed_cpus() -> Vec<usize> {
+/// The CPUs thread `tid` may run on (`sched_getaffinity`; 0: the calling thread), in
+/// increasing order; empty if the call fails.
+pub(crate) fn allowed_cpus(tid: i32) -> Vec<usize> {
     // SAFETY: cpu_set_t is plain data; all zeroes is the empty set.
     let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
-    // SAFETY: `set` is a valid, writable cpu_set_t of the size passed; pid 0 is this thread.
-    if unsafe { libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) } != 0 {
+    // SAFETY: `set` is a valid, writable cpu_set_t of the size passed.
+    if unsafe { libc::sched_getaffinity(tid, std::mem::size_of::<libc::cpu_set_t>(), &mut set) } != 0 {
         return Vec::new();
     }
     // SAFETY: CPU_ISSET reads the set within its bounds (the index is below CPU_SETSIZE).
     (0..libc::CPU_SETSIZE as usize).filter(|&c| unsafe { libc::CPU_ISSET(c, &set) }).collect()
+}
+
+/// The CPUs the process's main thread may use (its id is the process id): where threads that
+/// are not pinned belong. A thread inherits its creator's CPU mask, so one started from a pinned
+/// carrier would otherwise share that carrier's single CPU.
+pub(crate) fn process_cpus() -> Vec<usize> {
+    // SAFETY: getpid has no preconditions.
+    allowed_cpus(unsafe { libc::getpid() })
+}
+
+/// Lets the calling thread run on every CPU of `process_cpus`: called first thing by the
+/// threads the runtime starts that are not carriers pinned to a CPU (spare carriers, `blocking`
+/// helpers, the supervisor), which may have been started from a pinned carrier. Best effort.
+pub(crate) fn unpin_current() {
+    let all = process_cpus();
+    if !all.is_empty() && allowed_cpus(0) != all {
+        let _ = set_affinity(gettid(), &all);
+    }
 }
 
 /// Lets thread `tid` of this process run on `cpus` only (`sched_setaffinity`). CPUs at or
@@ -66,14 +84,35 @@ mod tests {
 
     #[test]
     fn a_thread_moves_between_cpu_sets_and_back() {
-        let all = allowed_cpus();
+        let all = allowed_cpus(0);
         assert!(!all.is_empty(), "this thread may run somewhere");
         let tid = gettid();
         set_affinity(tid, &all[..1]).unwrap();
-        assert_eq!(allowed_cpus(), &all[..1]);
+        assert_eq!(allowed_cpus(0), &all[..1]);
         set_affinity(tid, &all).unwrap();
-        assert_eq!(allowed_cpus(), all);
+        assert_eq!(allowed_cpus(0), all);
         assert!(set_affinity(tid, &[]).is_err(), "an empty set is refused");
         assert!(run_delay(tid).is_some(), "procfs has this thread's schedstat");
+    }
+
+    #[test]
+    fn a_thread_started_from_a_pinned_one_unpins_itself() {
+        let all = process_cpus();
+        if all.len() < 2 {
+            return;
+        }
+        std::thread::spawn(move || {
+            set_affinity(gettid(), &all[..1]).unwrap();
+            let child = std::thread::spawn(|| {
+                let inherited = allowed_cpus(0);
+                unpin_current();
+                (inherited, allowed_cpus(0))
+            });
+            let (inherited, after) = child.join().unwrap();
+            assert_eq!(inherited, &all[..1], "a new thread inherits its creator's CPU mask");
+            assert_eq!(after, all);
+        })
+        .join()
+        .unwrap();
     }
 }

@@ -81,6 +81,8 @@ impl Runtime {
         }
         let sup = rt.clone();
         let t = thread::Builder::new().name(format!("{name}-supervisor")).spawn(move || {
+            // The runtime may be built on a pinned carrier of another.
+            crate::platform::thread::unpin_current();
             sup.supervisor_thread.get_or_init(thread::current);
             crate::scheduler::supervisor::run(sup);
         })?;

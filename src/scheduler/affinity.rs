@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 use std::sync::atomic::Ordering;
 
 use super::{NOT_PINNED, Shared};
-use crate::platform::thread::{allowed_cpus, run_delay, set_affinity};
+use crate::platform::thread::{process_cpus, run_delay, set_affinity};
 
 /// How often each pinned carrier's run-queue delay is read.
 const WINDOW: Duration = Duration::from_millis(100);
@@ -32,7 +32,7 @@ const MAX_FLOAT: Duration = Duration::from_secs(300);
 
 /// The supervisor's view of every carrier's affinity.
 pub(crate) struct Policy {
-    /// Where a floating carrier may run: the CPUs the runtime's builder thread could use.
+    /// Where a floating carrier may run: the CPUs of the process's main thread.
     anywhere: Vec<usize>,
     next: Instant,
     carriers: Vec<Carrier>,
@@ -124,9 +124,10 @@ impl Policy {
     }
 }
 
-/// The CPUs a floating carrier may use: those the calling thread (the runtime's builder) may.
+/// The CPUs a floating carrier may use: those the process's main thread may (the runtime may
+/// be built on a pinned carrier of another).
 pub(crate) fn anywhere() -> Vec<usize> {
-    allowed_cpus()
+    process_cpus()
 }
 
 #[cfg(test)]

@@ -331,9 +331,14 @@ impl Shared {
         // starts with `searching` set, so its first search or sleep ends it.
         self.idle.start_searching();
         let spawned = std::thread::Builder::new().name(name).spawn(move || {
-            // Not fatal: a carrier that cannot be pinned still runs fibers.
-            if core.is_some_and(core_affinity::set_for_current) {
-                rt.slots[i].cpu.store(core.map_or(NOT_PINNED, |c| c.id), Ordering::Relaxed);
+            match core {
+                // Not fatal: a carrier that cannot be pinned still runs fibers.
+                Some(c) if core_affinity::set_for_current(c) => {
+                    rt.slots[i].cpu.store(c.id, Ordering::Relaxed)
+                }
+                Some(_) => {}
+                // A spare started by a pinned carrier would inherit its one CPU.
+                None => crate::platform::thread::unpin_current(),
             }
             rt.slots[i].thread.get_or_init(std::thread::current);
             rt.slots[i].tid.store(crate::platform::thread::gettid(), Ordering::Relaxed);
