@@ -207,10 +207,13 @@ fn main() {
     // The runtime's default pins each carrier until its CPU is shared (the client runs here
     // too); NET_BENCH_PIN=1 or 0 forces pinned or unpinned (tokio's workers are not pinned).
     let mut builder = vt::Runtime::builder().carriers(threads);
-    match env("NET_BENCH_PIN", 2) {
-        2 => {}
-        pin => builder = builder.pin_carriers(pin != 0),
-    }
+    let pin = match env("NET_BENCH_PIN", 2) {
+        2 => "until their CPU is shared",
+        pin => {
+            builder = builder.pin_carriers(pin != 0);
+            if pin != 0 { "always" } else { "never" }
+        }
+    };
     let vt_rt = builder.build().unwrap();
     let tokio_rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(threads)
