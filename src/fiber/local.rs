@@ -12,7 +12,7 @@ use std::any::Any;
 use std::cell::UnsafeCell;
 use std::fmt;
 
-use crate::runtime::context;
+use crate::fiber::context;
 
 /// A key for a fiber-local value; declare one with [`fiber_local!`](crate::fiber_local).
 pub struct LocalKey<T: Send + 'static> {

@@ -19,14 +19,20 @@
 //! beside the state: an `unpark` that finds the fiber not parked leaves a token that its next
 //! `park` consumes, so no wake-up is lost. See `arch/fiber.md`.
 
-pub(crate) mod builder;
 pub(crate) mod compact;
+pub(crate) mod context;
+pub(crate) mod coroutine;
+pub(crate) mod handle;
+pub(crate) mod id;
 pub(crate) mod join;
 pub(crate) mod local;
 pub(crate) mod overflow;
 pub(crate) mod park;
+pub(crate) mod schedule;
+pub(crate) mod scope_data;
 pub(crate) mod stack;
 pub(crate) mod state;
+pub(crate) mod wait;
 
 use std::cell::{Cell, UnsafeCell};
 use std::mem::MaybeUninit;
@@ -37,11 +43,11 @@ use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU32, AtomicU64, AtomicUsize,
 
 use corosensei::{Coroutine, Yielder};
 
-use crate::scheduler::RuntimeRef;
+use schedule::{RuntimeRef, Schedule};
 use stack::{FiberStack, SizeClass};
 
+pub(crate) use id::FiberId;
 pub(crate) use join::JoinHandle;
-pub(crate) use park::FiberId;
 
 /// What a fiber asks of its carrier when it switches out.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -178,9 +184,9 @@ pub(crate) struct FiberRecord {
     /// The size class of this fiber's stack.
     class: Cell<&'static SizeClass>,
     /// The fiber or thread waiting in `join`.
-    pub(crate) waiter: UnsafeCell<Option<park::Fiber>>,
+    pub(crate) waiter: UnsafeCell<Option<handle::Fiber>>,
     /// The scope this fiber belongs to, told once its result is taken or dropped.
-    pub(crate) scope: UnsafeCell<Option<Arc<crate::scope::ScopeData>>>,
+    pub(crate) scope: UnsafeCell<Option<Arc<scope_data::ScopeData>>>,
     /// The runtime this fiber belongs to; holds one counted reference while the record is live.
     runtime: UnsafeCell<Option<RuntimeRef>>,
     name: UnsafeCell<Option<Box<str>>>,
@@ -193,7 +199,7 @@ pub(crate) struct FiberRecord {
     /// Link of a carrier's inbox (`scheduler/inbox.rs`), where this fiber waits when a thread
     /// other than its home carrier makes it runnable. Meaningful only while it is queued there
     /// (it holds its run reference then, so it is in no other queue).
-    pub(crate) inbox_next: crate::sync::loom::AtomicUsize,
+    pub(crate) inbox_next: crate::loom::AtomicUsize,
 }
 
 /// The layout the comments in `FiberRecord` describe, checked when the crate builds: the
@@ -248,7 +254,7 @@ pub(crate) struct Init {
     pub(crate) runtime: RuntimeRef,
     pub(crate) class: &'static SizeClass,
     pub(crate) vtable: &'static StageVTable,
-    pub(crate) scope: Option<Arc<crate::scope::ScopeData>>,
+    pub(crate) scope: Option<Arc<scope_data::ScopeData>>,
     /// The coarse clock at spawn (0 with fiber roots off).
     pub(crate) since: u64,
     /// See `FiberRecord::depth`.
@@ -285,7 +291,7 @@ impl FiberRecord {
             home: AtomicUsize::new(NO_HOME),
             pin_depth: Cell::new(0),
             timer_gen: AtomicU64::new(0),
-            inbox_next: crate::sync::loom::AtomicUsize::new(0),
+            inbox_next: crate::loom::AtomicUsize::new(0),
             cancelled: AtomicBool::new(false),
             locals: local::Locals::default(),
             spawns: Cell::new(0),
@@ -557,7 +563,7 @@ impl FiberRecord {
         // SAFETY: exclusive, as above.
         let rt = unsafe { (*self.runtime.get()).take() }.expect("a live fiber belongs to a runtime");
         // The pool belongs to the runtime, which our reference keeps alive until the end.
-        crate::scheduler::recycle_record(rt, ptr);
+        RuntimeRef::recycle(rt, ptr);
     }
 }
 

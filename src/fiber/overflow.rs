@@ -12,8 +12,8 @@ use std::fmt::Write as _;
 use std::sync::OnceLock;
 
 use super::stack::ARENAS;
+use crate::fiber::context;
 use crate::platform::signal;
-use crate::runtime::context;
 
 struct Previous {
     segv: libc::sigaction,

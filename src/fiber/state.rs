@@ -20,7 +20,7 @@
 //! tells the claimer to copy the stack back before resuming the fiber. For everyone but the
 //! compactor, `COMPACTING` reads as `PARKED` (`state`).
 
-use crate::sync::loom::{self, AtomicU32, Ordering};
+use crate::loom::{self, AtomicU32, Ordering};
 
 pub(crate) const RUNNING: u32 = 0;
 pub(crate) const RUNNABLE: u32 = 1;
@@ -237,7 +237,7 @@ mod loom_tests {
     use ::loom::thread;
 
     use super::*;
-    use crate::sync::loom::{Arc, AtomicBool, AtomicUsize};
+    use crate::loom::{Arc, AtomicBool, AtomicUsize};
 
     struct Fiber {
         state: StateWord,

@@ -1,7 +1,7 @@
 //! A carrier: one OS thread that runs fibers, pinned to a CPU.
 //!
 //! The carrier owns its hot state (`Carrier`, on its own thread's stack, reached by fibers only
-//! through `runtime::context`): the local deque, the LIFO slot, a stack cache, a block of fiber
+//! through `fiber::context` and `here`): the local deque, the LIFO slot, a stack cache, a block of fiber
 //! ids and a stock of runtime references. Everything here is touched by this thread alone; what
 //! other threads need is in `CarrierSlot`. Every field uses interior mutability because fibers
 //! running on this carrier reach it too, through a shared reference, between switch points.
@@ -23,12 +23,20 @@ use corosensei::CoroutineResult;
 use super::injector::Batch;
 use super::locations;
 use super::run_queue::{self, Local};
+use super::shutdown;
 use super::{CarrierSlot, RECORD_CACHE, RuntimeRef, STOCK_BATCH, Shared, Wake, bump};
-use crate::fiber::builder::new_coroutine;
-use crate::fiber::park::{self as fpark, FiberId};
+use crate::fiber::context::{self, CarrierState, Running};
+use crate::fiber::coroutine::new_coroutine;
+use crate::fiber::id::{self as fid, FiberId};
 use crate::fiber::stack::{FiberStack, SizeClass};
 use crate::fiber::{Claim, Co, FiberRecord, FiberRef, NO_HOME, Suspend};
-use crate::runtime::context;
+
+/// The carrier this thread is, or null. Valid until the caller's next switch point (see
+/// `fiber::context`, which keeps the pointer opaque).
+#[inline(always)]
+pub(crate) fn here() -> *const Carrier {
+    context::carrier().cast::<Carrier>()
+}
 
 /// Aborts the process if dropped: armed around fiber resumes, where a panic is a runtime bug
 /// (see `run_claimed`).
@@ -101,7 +109,8 @@ pub(crate) struct Carrier {
     ids: Cell<(u64, u64)>,
     stock: Cell<usize>,
     searching: Cell<bool>,
-    current: Cell<*const FiberRecord>,
+    /// The fiber running now (registered with `fiber::context`, which reads it).
+    current: Running,
     progress: Cell<u64>,
     last_poll: Cell<Instant>,
 }
@@ -129,14 +138,14 @@ impl Carrier {
             stock: Cell::new(0),
             // Counted as a searcher since `start_carrier` (`Idle::start_searching`).
             searching: Cell::new(true),
-            current: Cell::new(std::ptr::null()),
+            current: Running::new(),
             progress: Cell::new(0),
             last_poll: Cell::new(Instant::now()),
             rt,
         };
         // The overflow report runs on an alternate signal stack: the fiber's own is exhausted.
         let _altstack = crate::fiber::overflow::ensure_altstack();
-        context::set_carrier(&c);
+        context::set_carrier((&raw const c).cast::<CarrierState>(), &c.current);
         // A panic here is a runtime bug; a carrier that silently died would leave the fibers
         // queued or pinned on it waiting for ever (found by tests/stress.rs).
         if catch_unwind(AssertUnwindSafe(|| c.run_loop())).is_err() {
@@ -144,12 +153,12 @@ impl Carrier {
             std::process::abort();
         }
         c.exit();
-        context::set_carrier(std::ptr::null());
+        context::set_carrier(std::ptr::null(), std::ptr::null());
         let stock = c.stock.replace(0);
         c.rt.release_stock(stock);
         // The runtime's drop unwinds the fibers homed here on this thread, before it exits
-        // (their thread-locals live here): `runtime/shutdown.rs`.
-        crate::runtime::serve(&c.rt, index);
+        // (their thread-locals live here): `scheduler/shutdown.rs`.
+        shutdown::serve(&c.rt, index);
     }
 
     fn slot(&self) -> &CarrierSlot {
@@ -205,7 +214,7 @@ impl Carrier {
     #[inline]
     pub(crate) fn next_id(&self) -> FiberId {
         let mut block = self.ids.get();
-        let id = fpark::next_id(&mut block);
+        let id = fid::next_id(&mut block);
         self.ids.set(block);
         id
     }

@@ -14,10 +14,10 @@
 //! std's thread park token covers an unpark that lands before the park. At most half the
 //! carriers search at once, so an idle runtime does not burn every core stealing.
 //!
-//! The atomics and the lock come from `crate::sync::loom`, so the loom models at the foot of
+//! The atomics and the lock come from `crate::loom`, so the loom models at the foot of
 //! this file run this very `Idle` (what they cover: `arch/loom.md`).
 
-use crate::sync::loom::{AtomicUsize, Mutex, Ordering, fence};
+use crate::loom::{AtomicUsize, Mutex, Ordering, fence};
 
 /// Low half: searching carriers; high half: sleeping carriers.
 const SLEEPER: usize = 1 << 32;
@@ -168,8 +168,8 @@ pub(super) mod loom_tests {
     use loom::thread;
 
     use super::{Idle, Unregister};
+    use crate::loom::{Arc, AtomicBool, AtomicUsize, Mutex, Ordering, fence};
     use crate::scheduler::run_queue::{self, Local, Remote};
-    use crate::sync::loom::{Arc, AtomicBool, AtomicUsize, Mutex, Ordering, fence};
 
     /// Stand-ins for the queues a carrier looks at: its inbox, the injector, other carriers'
     /// deques. Each returns whether it handed the caller one fiber.

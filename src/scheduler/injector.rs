@@ -327,7 +327,7 @@ mod loom_tests {
     use std::collections::VecDeque;
 
     use super::super::idle::loom_tests::{Queues, check};
-    use crate::sync::loom::{AtomicUsize, Mutex, Ordering, fence};
+    use crate::loom::{AtomicUsize, Mutex, Ordering, fence};
 
     struct Shard {
         queue: Mutex<VecDeque<u32>>,

@@ -9,12 +9,16 @@
 //! fiber's home through its lock-free inbox. See `arch/scheduler.md`.
 
 pub(crate) mod carrier;
+mod compactor;
+pub(crate) mod config;
 mod idle;
 mod inbox;
 mod injector;
 pub(crate) mod locations;
 pub(crate) mod roots;
 mod run_queue;
+mod runtime_ref;
+pub(crate) mod shutdown;
 pub(crate) mod supervisor;
 
 use std::ptr::NonNull;
@@ -25,16 +29,18 @@ use std::sync::{Mutex, OnceLock};
 use std::thread::Thread;
 use std::time::Instant;
 
+use crate::fiber::context;
 use crate::fiber::stack::SizeClass;
 use crate::fiber::{FiberRecord, FiberRef, NO_HOME};
 use crate::net::reactor::Reactor;
-use crate::runtime::config::Config;
-use crate::runtime::context;
 use crate::time::TimerHeap;
+use config::Config;
 
+pub(crate) use crate::fiber::schedule::{RuntimeRef, Wake};
 pub(crate) use idle::Idle;
 pub(crate) use injector::Injector;
 pub(crate) use roots::Roots;
+pub(crate) use runtime_ref::{STOCK_BATCH, schedule};
 
 /// Aligns a value to its own cache line pair (the adjacent-line prefetcher pulls lines in
 /// pairs), so per-carrier state is never falsely shared.
@@ -47,20 +53,6 @@ impl<T> std::ops::Deref for CachePadded<T> {
     fn deref(&self) -> &T {
         &self.0
     }
-}
-
-/// Why a fiber is being made runnable; decides where it is queued.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Wake {
-    /// Another fiber woke it: the waker's LIFO slot, so it runs next with warm caches.
-    Unpark,
-    /// The fiber it was joining finished: back of the local deque. A joiner woken into the
-    /// LIFO slot ran before its next child, found it unfinished and parked again, once per
-    /// child (W1, W7); behind the queue it finds most of them done.
-    Joiner,
-    /// Its timer expired: back of the local deque. Timers fire in batches, so the caller
-    /// notifies idle carriers once per batch (`time::fire`), not once per fiber.
-    Timer,
 }
 
 /// The part of a carrier that other threads touch.
@@ -171,10 +163,10 @@ pub(crate) struct Shared {
     pub(crate) clock: CachePadded<Clock>,
     pub(crate) remote: CachePadded<RemoteStats>,
     /// The compactor's counters (written by the supervisor only).
-    pub(crate) compaction: CachePadded<crate::fiber::compact::CompactionStats>,
+    pub(crate) compaction: CachePadded<compactor::CompactionStats>,
     pub(crate) shutdown: AtomicBool,
-    /// The drop's hand-over of fibers to unwind on their home carriers (`runtime/shutdown.rs`).
-    pub(crate) drain: crate::runtime::Drain,
+    /// The drop's hand-over of fibers to unwind on their home carriers (`shutdown.rs`).
+    pub(crate) drain: shutdown::Drain,
     pub(crate) epoch: Instant,
     pub(crate) stacks: &'static SizeClass,
     pub(crate) reactor: Reactor,
@@ -600,144 +592,6 @@ fn thread_hash() -> usize {
     let probe = 0u8;
     let a = std::hint::black_box(&probe) as *const u8 as usize as u64;
     ((a >> 12).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 32) as usize
-}
-
-/// A counted reference to a runtime's [`Shared`] state, held by every fiber record, handle and
-/// carrier, so the state outlives anything that may still schedule onto it.
-///
-/// Counting every spawn on one atomic would put a cache line shared by all carriers on the
-/// spawn path, so carriers take references in batches (`STOCK_BATCH` per atomic add) and keep a
-/// local stock that spawns draw from and finished fibers give back to.
-pub(crate) struct RuntimeRef(NonNull<Shared>);
-
-pub(crate) const STOCK_BATCH: usize = 64;
-
-// SAFETY: `Shared` is `Sync` (atomics and mutexes); the reference count keeps it alive.
-unsafe impl Send for RuntimeRef {}
-// SAFETY: as above.
-unsafe impl Sync for RuntimeRef {}
-
-impl RuntimeRef {
-    pub(crate) fn new(shared: Shared) -> RuntimeRef {
-        shared.refs.store(1, Ordering::Relaxed);
-        RuntimeRef(NonNull::from(Box::leak(Box::new(shared))))
-    }
-
-    /// Adds `n` references at once and returns them as a stock count.
-    pub(crate) fn acquire_stock(&self, n: usize) {
-        self.refs.fetch_add(n, Ordering::Relaxed);
-    }
-
-    /// A new counted reference to `shared`.
-    ///
-    /// # Safety
-    /// `shared` must be owned by a `RuntimeRef` allocation that some live reference keeps alive.
-    pub(crate) unsafe fn from_shared(shared: &Shared) -> RuntimeRef {
-        shared.refs.fetch_add(1, Ordering::Relaxed);
-        RuntimeRef(NonNull::from(shared))
-    }
-
-    /// Materialises one reference from a stock the caller owns.
-    ///
-    /// # Safety
-    /// The caller must own at least one unit of stock (from `acquire_stock`) and give it up.
-    pub(crate) unsafe fn take_from_stock(&self) -> RuntimeRef {
-        RuntimeRef(self.0)
-    }
-
-    /// Gives back `n` units of stock.
-    pub(crate) fn release_stock(&self, n: usize) {
-        if n > 0 {
-            // SAFETY: the caller owned `n` references, and `self` is one more, so this cannot
-            // reach zero here.
-            unsafe { self.release(n) };
-        }
-    }
-
-    /// # Safety
-    /// The caller gives up `n` references it owns.
-    unsafe fn release(&self, n: usize) {
-        // Release/Acquire as in `Arc::drop`: every use of the state happens before its free.
-        if self.refs.fetch_sub(n, Ordering::Release) == n {
-            std::sync::atomic::fence(Ordering::Acquire);
-            // SAFETY: the count reached zero: no other reference exists, and the pointer came
-            // from `Box::leak` in `new`.
-            drop(unsafe { Box::from_raw(self.0.as_ptr()) });
-        }
-    }
-
-    pub(crate) fn ptr(&self) -> *const Shared {
-        self.0.as_ptr()
-    }
-}
-
-impl Clone for RuntimeRef {
-    fn clone(&self) -> RuntimeRef {
-        self.refs.fetch_add(1, Ordering::Relaxed);
-        RuntimeRef(self.0)
-    }
-}
-
-impl std::ops::Deref for RuntimeRef {
-    type Target = Shared;
-    fn deref(&self) -> &Shared {
-        // SAFETY: the reference count keeps the state alive while `self` exists.
-        unsafe { self.0.as_ref() }
-    }
-}
-
-impl Drop for RuntimeRef {
-    fn drop(&mut self) {
-        let c = context::carrier();
-        if !c.is_null() {
-            // SAFETY: a non-null carrier pointer is the live carrier of this thread.
-            let c = unsafe { &*c };
-            if std::ptr::eq(c.shared(), self.ptr()) {
-                c.stock_ref();
-                return;
-            }
-        }
-        // SAFETY: this reference is being dropped: we own it and give it up.
-        unsafe { self.release(1) };
-    }
-}
-
-/// A record's last reference is gone: put it in a pool of its runtime, and drop the record's
-/// runtime reference. On one of the runtime's carriers both go to the carrier's own stocks,
-/// from one thread-local look (the reference's `Drop` would make a second).
-pub(crate) fn recycle_record(rt: RuntimeRef, ptr: NonNull<FiberRecord>) {
-    let c = context::carrier();
-    if !c.is_null() {
-        // SAFETY: a non-null carrier pointer is this thread's live carrier.
-        let c = unsafe { &*c };
-        if std::ptr::eq(c.shared(), rt.ptr()) {
-            c.give_record(ptr);
-            // Into the carrier's stock as a unit (see `Carrier::take_ref`).
-            c.stock_ref();
-            std::mem::forget(rt);
-            return;
-        }
-    }
-    rt.give_records(std::iter::once(ptr));
-}
-
-/// Makes `f` runnable, from anywhere.
-pub(crate) fn schedule(f: FiberRef, wake: Wake) {
-    let c = context::carrier();
-    if !c.is_null() {
-        // SAFETY: a non-null carrier pointer is the live carrier of this thread; we use it
-        // before any switch point.
-        let c = unsafe { &*c };
-        if std::ptr::eq(c.shared(), f.runtime().ptr()) {
-            c.schedule_local(f, wake);
-            return;
-        }
-    }
-    let rt = f.runtime().clone();
-    if matches!(wake, Wake::Unpark | Wake::Joiner) {
-        rt.remote.unparks.fetch_add(1, Ordering::Relaxed);
-    }
-    rt.schedule_remote(f);
 }
 
 /// Test-only hooks into interleavings that are otherwise a few instructions wide.

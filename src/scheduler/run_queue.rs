@@ -17,12 +17,12 @@
 //! steal are one CAS each; the ring never allocates after it is built. It is bounded
 //! ([`CAPACITY`]): a full queue spills half to the injector (`Carrier::spill`).
 //!
-//! The atomics are `crate::sync::loom`'s, so the models at the foot of this file (and the idle
+//! The atomics are `crate::loom`'s, so the models at the foot of this file (and the idle
 //! protocol's in `idle.rs`) run this code. See `arch/scheduler.md`.
 
 use std::marker::PhantomData;
 
-use crate::sync::loom::{Arc, AtomicUsize, Ordering, fence};
+use crate::loom::{Arc, AtomicUsize, Ordering, fence};
 
 /// Slots per carrier (Go and tokio: 256). A power of two.
 pub(crate) const CAPACITY: usize = 256;

@@ -18,8 +18,8 @@ use std::panic::Location;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
+use super::compactor::Compactor;
 use super::{RuntimeRef, Shared};
-use crate::fiber::compact::Compactor;
 use crate::fiber::stack::SizeClass;
 
 /// Samples without progress before a stalled carrier in the kernel counts as blocked: one
