@@ -12,10 +12,11 @@ use std::collections::HashMap;
 use std::fmt;
 use std::panic::Location;
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use crate::fiber::{FiberRef, PARKED, RUNNABLE, RUNNING};
+use crate::platform::signal as sys;
 use crate::scheduler::{RuntimeRef, Shared};
 
 pub use crate::fiber::wait::WaitReason;
@@ -531,13 +532,10 @@ pub(crate) fn report_blocked(rt: &Shared, carrier: usize, blocked_for: Duration,
 
 /// Runtimes that asked for a dump on SIGQUIT. Its lock also serialises installing the handler.
 static ON_SIGQUIT: Mutex<Vec<RuntimeRef>> = Mutex::new(Vec::new());
-/// Write end of the self-pipe the signal handler writes to; `usize::MAX` until installed.
-static WRITE_FD: AtomicUsize = AtomicUsize::new(usize::MAX);
-
 /// Adds a runtime to those dumped on SIGQUIT, installing the handler and its thread once.
 pub(crate) fn dump_on_sigquit(rt: &RuntimeRef) -> std::io::Result<()> {
     let mut list = ON_SIGQUIT.lock().unwrap_or_else(|e| e.into_inner());
-    if WRITE_FD.load(Ordering::Relaxed) == usize::MAX {
+    if !sys::sigquit_installed() {
         install_sigquit()?;
     }
     list.push(rt.clone());
@@ -546,59 +544,20 @@ pub(crate) fn dump_on_sigquit(rt: &RuntimeRef) -> std::io::Result<()> {
 
 /// The runtime is going away: stop dumping it.
 pub(crate) fn forget_sigquit(rt: &Shared) {
-    if WRITE_FD.load(Ordering::Relaxed) != usize::MAX {
+    if sys::sigquit_installed() {
         ON_SIGQUIT.lock().unwrap_or_else(|e| e.into_inner()).retain(|r| !std::ptr::eq(r.ptr(), rt));
     }
 }
 
 /// Called once, under `ON_SIGQUIT`'s lock.
 fn install_sigquit() -> std::io::Result<()> {
-    let mut fds = [0i32; 2];
-    // SAFETY: `fds` is a valid array of two ints for pipe2 to fill.
-    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    let [read_fd, write_fd] = fds;
+    let (read_fd, write_fd) = sys::sigquit_pipe()?;
     std::thread::Builder::new().name("vt-sigquit".into()).spawn(move || sigquit_thread(read_fd))?;
-    WRITE_FD.store(write_fd as usize, Ordering::Relaxed);
-    // SAFETY: a zeroed sigaction is a valid starting value; we fill the handler and flags.
-    let mut sa: libc::sigaction = unsafe { std::mem::zeroed() };
-    sa.sa_sigaction = on_sigquit as extern "C" fn(libc::c_int) as usize;
-    sa.sa_flags = libc::SA_RESTART;
-    // SAFETY: `sa` is initialised; the handler only calls write(2), which is async-signal-safe.
-    if unsafe { libc::sigaction(libc::SIGQUIT, &sa, std::ptr::null_mut()) } != 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    Ok(())
-}
-
-extern "C" fn on_sigquit(_: libc::c_int) {
-    // Async-signal-safe: one atomic load and write(2); errno is saved around it because the
-    // interrupted code may be about to read it.
-    let fd = WRITE_FD.load(Ordering::Relaxed);
-    if fd == usize::MAX {
-        return;
-    }
-    // SAFETY: errno's location is thread-local and valid for the thread the signal runs on.
-    let saved = unsafe { *libc::__errno_location() };
-    let byte = 1u8;
-    // SAFETY: `fd` is the pipe's write end, open for the process's life; one byte from a local.
-    unsafe { libc::write(fd as i32, (&byte as *const u8).cast(), 1) };
-    // SAFETY: as above.
-    unsafe { *libc::__errno_location() = saved };
+    sys::install_sigquit(write_fd)
 }
 
 fn sigquit_thread(fd: i32) {
-    let mut buf = [0u8; 64];
-    loop {
-        // SAFETY: `buf` is a valid writable buffer of its length; `fd` is the pipe's read end.
-        let n = unsafe { libc::read(fd, buf.as_mut_ptr().cast(), buf.len()) };
-        if n <= 0 {
-            if n < 0 && std::io::Error::last_os_error().kind() == std::io::ErrorKind::Interrupted {
-                continue;
-            }
-            return;
-        }
+    while sys::wait_forwarded(fd) {
         let rts: Vec<RuntimeRef> = ON_SIGQUIT.lock().unwrap_or_else(|e| e.into_inner()).clone();
         for rt in rts {
             eprintln!("virtual-threads: SIGQUIT\n{}", collect(&rt));

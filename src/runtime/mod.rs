@@ -58,14 +58,13 @@ impl Runtime {
         RLIMIT.get_or_init(|| {
             crate::platform::raise_nofile_limit();
             // SAFETY: the handler only bumps an atomic (async-signal-safe).
-            unsafe { libc::pthread_atfork(None, None, Some(after_fork_in_child)) };
+            unsafe { crate::platform::after_fork_in_child(after_fork_in_child) };
         });
         crate::fiber::overflow::install_handler();
         crate::diagnostics::install_panic_hook();
 
         let n = config.carriers;
-        let cores =
-            if config.pin_carriers { core_affinity::get_core_ids().unwrap_or_default() } else { Vec::new() };
+        let cores = if config.pin_carriers { crate::platform::core_ids() } else { Vec::new() };
         let name = config.thread_name.clone();
         let reactor = crate::net::reactor::Reactor::new()?;
         let rt = RuntimeRef::new(Shared::new(config, reactor));

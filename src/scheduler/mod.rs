@@ -287,7 +287,11 @@ impl Shared {
     /// started could come just after the drop took the list: never joined, it kept running
     /// fibers while the drop unwound the others, and whatever it held when it stopped was
     /// never unwound (found by `tests/stress.rs`; `arch/reliability.md`, bug 10).
-    pub(crate) fn start_carrier(&self, i: usize, core: Option<core_affinity::CoreId>) -> std::io::Result<()> {
+    pub(crate) fn start_carrier(
+        &self,
+        i: usize,
+        core: Option<crate::platform::CoreId>,
+    ) -> std::io::Result<()> {
         let mut threads = self.threads.lock().unwrap_or_else(|e| e.into_inner());
         if self.shutdown.load(Ordering::Acquire) {
             // The drop has taken (or will take) the threads to join: start nothing more. The
@@ -311,11 +315,10 @@ impl Shared {
         let spawned = std::thread::Builder::new().name(name).spawn(move || {
             if let Some(core) = core {
                 // Not fatal: a carrier that cannot be pinned still runs fibers.
-                let _ = core_affinity::set_for_current(core);
+                let _ = crate::platform::pin_to(core);
             }
             rt.slots[i].thread.get_or_init(std::thread::current);
-            // SAFETY: gettid has no preconditions.
-            rt.slots[i].tid.store(unsafe { libc::gettid() }, Ordering::Relaxed);
+            rt.slots[i].tid.store(crate::platform::gettid(), Ordering::Relaxed);
             carrier::Carrier::run(i, rt, worker);
         });
         #[cfg(test)]
