@@ -3,7 +3,7 @@
 //! `scheduler/compactor.rs`.
 //!
 //! A parked fiber costs at least one resident stack page (4 KiB) although its live frames are
-//! usually a kilobyte or two. The supervisor (`Compactor::run_if_due`) finds fibers parked for
+//! usually a kilobyte or two. The supervisor (`scheduler/compactor.rs`, `Compactor::run_if_due`) finds fibers parked for
 //! longer than `runtime::Builder::compact_parked_after`, claims each one on its state word
 //! (`PARKED → COMPACTING`: nobody can resume it meanwhile), copies the live part of its
 //! stack — from the stack pointer it parked at (`FiberRecord::parked_sp`) to the top — into a

@@ -57,7 +57,7 @@ pub(crate) enum Suspend {
     /// Mark me parked unless an unpark already came.
     Park,
     /// My fiber is finished (its result published): the coroutine is free to run the next
-    /// fiber's closure, resumed with that fiber's record (see `builder::fiber_loop`).
+    /// fiber's closure, resumed with that fiber's record (see `coroutine::fiber_loop`).
     Finished,
 }
 
@@ -431,7 +431,7 @@ impl FiberRecord {
         self.parked_sp.store(compact::stack_pointer(), Ordering::Relaxed);
         let y = self.yielder.get();
         debug_assert!(!y.is_null(), "suspend before the fiber started");
-        // What the resume passes in is this fiber's own record: only `builder::fiber_loop`,
+        // What the resume passes in is this fiber's own record: only `coroutine::fiber_loop`,
         // between fibers, is resumed for another.
         // SAFETY: the yielder lives on the coroutine's own stack for the coroutine's whole life
         // (which spans its fibers') and was stored by the fiber when it started; we are that
@@ -569,7 +569,7 @@ impl FiberRecord {
 
 /// A counted reference to a [`FiberRecord`] (the runtime's own `Arc`, so that the last drop
 /// recycles the record instead of freeing it).
-#[repr(transparent)] // `park::Fiber` reads its pointer as one
+#[repr(transparent)] // `handle::Fiber` reads its pointer as one
 pub(crate) struct FiberRef(NonNull<FiberRecord>);
 
 // SAFETY: `FiberRecord` is `Send + Sync` (see its impls); the count keeps it alive.
