@@ -30,6 +30,7 @@ pub(crate) mod overflow;
 pub(crate) mod park;
 pub(crate) mod schedule;
 pub(crate) mod scope_data;
+pub(crate) mod sleep;
 pub(crate) mod stack;
 pub(crate) mod state;
 pub(crate) mod wait;

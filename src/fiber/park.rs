@@ -1,5 +1,5 @@
-//! The one door to blocking: `park`, `yield_now`, `sleep` (the `Fiber` handle, whose `unpark`
-//! ends a park, is `handle.rs`).
+//! The one door to blocking: `park` and `yield_now` (`sleep` is a timed park: `sleep.rs`; the
+//! `Fiber` handle, whose `unpark` ends a park, is `handle.rs`).
 //!
 //! Inside a fiber these switch to the carrier, which runs other fibers meanwhile; on a plain
 //! OS thread they fall back to `std::thread`'s, so code written against them works in both.
@@ -10,6 +10,8 @@
 //! the panic count per OS thread, and another fiber on the same carrier would see it. Such a
 //! park waits on the carrier thread instead (the supervisor compensates for a long wait).
 
+use std::marker::PhantomData;
+use std::ptr::NonNull;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
@@ -19,14 +21,29 @@ use super::schedule::{RuntimeRef, Schedule};
 use super::wait::{PlainCall, WAIT_TIMED, WaitReason, plain_activity};
 use super::{FiberRecord, Suspend};
 
-/// The running fiber's record, or `None` on a plain thread, and whether the runtime's drop is
-/// unwinding it (`context::running_fiber`). Valid until the next switch point, but the record
-/// itself lives at least as long as the fiber runs.
-fn running() -> Option<(&'static FiberRecord, bool)> {
+/// The fiber running this code, borrowed from a guard that lives in the fiber's own frame: the
+/// record outlives the fiber's run (its carrier holds a reference while it runs, its parked
+/// state while it is parked), and the guard (`!Send`, a local) cannot outlive the frame.
+pub(super) struct Me {
+    rec: NonNull<FiberRecord>,
+    /// The runtime's drop is unwinding this fiber (`context::running_fiber`).
+    pub(super) cancelling: bool,
+    _in_this_frame: PhantomData<*const ()>,
+}
+
+impl Me {
+    #[inline(always)]
+    pub(super) fn record(&self) -> &FiberRecord {
+        // SAFETY: see the type's doc: the record lives at least as long as this guard.
+        unsafe { self.rec.as_ref() }
+    }
+}
+
+/// The running fiber, or `None` on a plain thread.
+#[inline(always)]
+pub(super) fn running() -> Option<Me> {
     let (rec, cancelling) = context::running_fiber();
-    // SAFETY: see `current`: the record outlives the fiber's run, and callers use the
-    // reference only while the fiber runs (the 'static is a local convenience, never stored).
-    (!rec.is_null()).then(|| (unsafe { &*rec }, cancelling))
+    NonNull::new(rec.cast_mut()).map(|rec| Me { rec, cancelling, _in_this_frame: PhantomData })
 }
 
 /// Blocks the calling fiber until its token is available (see [`Fiber::unpark`]); may return
@@ -49,8 +66,8 @@ pub fn park_timeout(dur: Duration) {
 /// a finishing fiber can end).
 pub(crate) fn park_for(reason: WaitReason, deadline: Option<Instant>) {
     match running() {
-        Some((rec, cancelling)) => {
-            park_fiber(rec, cancelling, reason, deadline);
+        Some(me) => {
+            park_fiber(me.record(), me.cancelling, reason, deadline);
         }
         None => {
             let _call = (!reason.waits_for_fibers()).then(PlainCall::enter);
@@ -65,7 +82,12 @@ pub(crate) fn park_for(reason: WaitReason, deadline: Option<Instant>) {
 /// Returns true when the park ended because its deadline passed (its timer fired), so that a
 /// sleep need not read the clock again.
 #[inline(never)]
-fn park_fiber(rec: &FiberRecord, cancelling: bool, reason: WaitReason, deadline: Option<Instant>) -> bool {
+pub(super) fn park_fiber(
+    rec: &FiberRecord,
+    cancelling: bool,
+    reason: WaitReason,
+    deadline: Option<Instant>,
+) -> bool {
     if rec.take_token() {
         return false;
     }
@@ -176,7 +198,8 @@ fn park_unwinding(rec: &FiberRecord, deadline: Option<Instant>) {
 /// On a plain thread this is `std::thread::yield_now`.
 pub fn yield_now() {
     match running() {
-        Some((rec, false)) if !std::thread::panicking() => {
+        Some(me) if !me.cancelling && !std::thread::panicking() => {
+            let rec = me.record();
             rec.spawns.set(0);
             rec.suspend(Suspend::Yield);
         }
@@ -184,57 +207,6 @@ pub fn yield_now() {
         None => {
             plain_activity();
             std::thread::yield_now();
-        }
-    }
-}
-
-/// Puts the calling fiber to sleep for at least `dur`; its carrier runs other fibers meanwhile.
-/// On a plain thread this is `std::thread::sleep`.
-pub fn sleep(dur: Duration) {
-    let Some((rec, cancelling)) = running() else {
-        let _call = PlainCall::enter();
-        std::thread::sleep(dur);
-        return;
-    };
-    let now = Instant::now();
-    let Some(deadline) = now.checked_add(dur) else {
-        // "For ever": park until the runtime's drop unwinds this fiber.
-        while context::cancelling().is_null() {
-            park_for(WaitReason::Sleep, None);
-        }
-        return;
-    };
-    if now < deadline {
-        // The first park without a second clock read (one per sleep showed in W7's profile);
-        // if its own timer ended it, the deadline has passed and there is nothing to re-check.
-        if park_fiber(rec, cancelling, WaitReason::Sleep, Some(deadline)) || !context::cancelling().is_null()
-        {
-            return;
-        }
-    }
-    sleep_until(deadline);
-}
-
-/// Puts the calling fiber to sleep until `deadline`.
-pub fn sleep_until(deadline: Instant) {
-    loop {
-        let now = Instant::now();
-        if now >= deadline {
-            return;
-        }
-        match running() {
-            Some((rec, cancelling)) => {
-                if park_fiber(rec, cancelling, WaitReason::Sleep, Some(deadline)) {
-                    return;
-                }
-            }
-            None => {
-                let _call = PlainCall::enter();
-                std::thread::sleep(deadline - now);
-            }
-        }
-        if !context::cancelling().is_null() {
-            return;
         }
     }
 }
