@@ -1,16 +1,128 @@
 //! The carrier's caches of stacks, coroutines and fiber records: taken and given back on
-//! every spawn, first run and finish, so they are per carrier and need no lock.
+//! every spawn, first run and finish, so they are per carrier and need no lock. Its home queue
+//! and spill buffer live beside them, behind the same `UnsafeCell` (`Caches`).
 
 use super::*;
+
+/// What only the carrier's own thread touches, in short sections: the home queue and the
+/// caches. One `UnsafeCell` holds them all; each field is borrowed through its accessor
+/// (`home_queue()`, `stack_cache()`, ...), which is the one place that reaches inside.
+///
+/// Why that is sound: a `Carrier` lives on its thread's stack and is reached only from that
+/// thread (the carrier's loop, and fibers running on it through `here()`), so no two threads
+/// touch a field. On the one thread, a field is borrowed only inside a method that neither
+/// switches (no switch point: no fiber runs while it is borrowed) nor runs user code, and
+/// that does not call another method borrowing the same field; so no two borrows of one field
+/// overlap. Distinct fields are disjoint places, borrowed through raw-pointer projections that
+/// never make a reference to the whole. Debug builds check the last condition at run time
+/// (`Borrowed`): a second borrow of a field panics.
+pub(super) struct Caches {
+    /// Started fibers at home here, runnable, each with the deque's `pushed()` count when it
+    /// was queued: it runs once everything queued in the deque before it has left (`home_due`),
+    /// so the two queues together run in arrival order, as one deque did when fibers migrated.
+    /// Private: only this carrier ever runs them. The `VecDeque` keeps its capacity, so a
+    /// steady state allocates nothing.
+    pub(super) home: VecDeque<(FiberRef, usize)>,
+    pub(super) stacks: Vec<FiberStack>,
+    /// Coroutines of the runtime's default stack class, each suspended between two fibers.
+    pub(super) coroutines: Vec<Co>,
+    pub(super) records: Vec<NonNull<FiberRecord>>,
+    /// A spill's fibers on their way to the injector: one buffer, reused, so a spill never
+    /// allocates. Empty between spills.
+    pub(super) spill: Batch,
+}
+
+/// Per field of `Caches`, whether it is borrowed now: the re-entrancy check of debug builds.
+/// Empty in release builds.
+#[derive(Default)]
+pub(super) struct Borrowed {
+    home: Flag,
+    stacks: Flag,
+    coroutines: Flag,
+    records: Flag,
+    spill: Flag,
+}
+
+#[derive(Default)]
+struct Flag(#[cfg(debug_assertions)] Cell<bool>);
+
+/// A borrow of one field of `Caches`, for as long as it lives.
+pub(super) struct CacheMut<'a, T> {
+    value: &'a mut T,
+    #[cfg(debug_assertions)]
+    flag: &'a Flag,
+}
+
+impl<'a, T> CacheMut<'a, T> {
+    #[inline(always)]
+    fn new(value: &'a mut T, flag: &'a Flag, field: &str) -> CacheMut<'a, T> {
+        #[cfg(debug_assertions)]
+        {
+            assert!(!flag.0.replace(true), "the carrier's `{field}` cache borrowed twice at once");
+            CacheMut { value, flag }
+        }
+        #[cfg(not(debug_assertions))]
+        {
+            let _ = (flag, field);
+            CacheMut { value }
+        }
+    }
+}
+
+impl<T> std::ops::Deref for CacheMut<'_, T> {
+    type Target = T;
+    #[inline(always)]
+    fn deref(&self) -> &T {
+        self.value
+    }
+}
+
+impl<T> std::ops::DerefMut for CacheMut<'_, T> {
+    #[inline(always)]
+    fn deref_mut(&mut self) -> &mut T {
+        self.value
+    }
+}
+
+#[cfg(debug_assertions)]
+impl<T> Drop for CacheMut<'_, T> {
+    fn drop(&mut self) {
+        self.flag.0.set(false);
+    }
+}
+
+/// One accessor per field of `Caches`: the only code that reaches inside the cell.
+macro_rules! cache_accessors {
+    ($($accessor:ident => $field:ident: $t:ty),* $(,)?) => {
+        impl Carrier {
+            $(
+                #[inline(always)]
+                pub(super) fn $accessor(&self) -> CacheMut<'_, $t> {
+                    // SAFETY: see `Caches`: this thread alone, no overlapping borrow of the
+                    // field; the projection makes no reference to the rest of the cell.
+                    let value = unsafe { &mut *(&raw mut (*self.caches.get()).$field) };
+                    CacheMut::new(value, &self.borrowed.$field, stringify!($field))
+                }
+            )*
+        }
+    };
+}
+
+cache_accessors! {
+    home_queue => home: VecDeque<(FiberRef, usize)>,
+    stack_cache => stacks: Vec<FiberStack>,
+    coroutine_cache => coroutines: Vec<Co>,
+    record_cache => records: Vec<NonNull<FiberRecord>>,
+    spill_buffer => spill: Batch,
+}
 
 impl Carrier {
     /// A stack of `class`: from the local cache for the runtime's default class.
     #[inline(always)]
     pub(crate) fn take_stack(&self, class: &'static SizeClass) -> io::Result<FiberStack> {
-        // SAFETY: the cache is touched only by this thread, in short sections that do not
-        // re-enter (no switch point, no user code).
-        let cache = unsafe { &mut *self.stacks.get() };
+        let mut cache = self.stack_cache();
         if !std::ptr::eq(class, self.rt.stacks) || cache.is_empty() {
+            drop(cache);
             return self.take_stack_slow(class);
         }
         bump(&self.slot().stats.stack_hits, 1);
@@ -30,10 +142,9 @@ impl Carrier {
         if !std::ptr::eq(class, self.rt.stacks) {
             return class.take();
         }
-        // SAFETY: as in `take_stack`.
-        let cache = unsafe { &mut *self.stacks.get() };
+        let mut cache = self.stack_cache();
         bump(&self.slot().stats.stack_misses, 1);
-        class.take_batch(cache, STACK_CACHE / 2);
+        class.take_batch(&mut cache, STACK_CACHE / 2);
         match cache.pop() {
             Some(s) => Ok(s),
             None => class.take(),
@@ -43,8 +154,7 @@ impl Carrier {
     /// An unused fiber record: from the local cache, else a batch from the shared pool, else new.
     #[inline]
     pub(crate) fn alloc_record(&self) -> NonNull<FiberRecord> {
-        // SAFETY: the cache is touched only by this thread, in short non-reentrant sections.
-        let cache = unsafe { &mut *self.records.get() };
+        let mut cache = self.record_cache();
         if let Some(r) = cache.pop() {
             // The next spawn's record: `init` writes all of it, and after a burst of spawns
             // the pool's records have gone cold (W1 cycles through 10,000 of them per op).
@@ -56,15 +166,14 @@ impl Carrier {
             }
             return r;
         }
-        self.rt.take_records(cache, RECORD_CACHE / 2);
-        cache.pop().unwrap_or_else(|| self.rt.roots.alloc(self.index, self.rt.stacks, cache))
+        self.rt.take_records(&mut cache, RECORD_CACHE / 2);
+        cache.pop().unwrap_or_else(|| self.rt.roots.alloc(self.index, self.rt.stacks, &mut cache))
     }
 
     /// Takes an unused record into the local cache (half the cache goes to the shared pool
     /// when it is full).
     pub(crate) fn give_record(&self, r: NonNull<FiberRecord>) {
-        // SAFETY: as in `alloc_record`.
-        let cache = unsafe { &mut *self.records.get() };
+        let mut cache = self.record_cache();
         if cache.len() >= RECORD_CACHE {
             self.rt.give_records(cache.drain(..RECORD_CACHE / 2));
         }
@@ -77,8 +186,7 @@ impl Carrier {
         if !std::ptr::eq(class, self.rt.stacks) {
             return class.ensure_available();
         }
-        // SAFETY: as in `take_stack`.
-        if unsafe { !(*self.stacks.get()).is_empty() } {
+        if !self.stack_cache().is_empty() {
             return Ok(());
         }
         self.refill_stacks(class)
@@ -95,9 +203,9 @@ impl Carrier {
 
     #[inline(always)]
     pub(super) fn give_stack(&self, s: FiberStack) {
-        // SAFETY: as in `take_stack`.
-        let cache = unsafe { &mut *self.stacks.get() };
+        let mut cache = self.stack_cache();
         if !std::ptr::eq(s.class(), self.rt.stacks) || cache.len() >= STACK_CACHE {
+            drop(cache);
             return self.give_stack_slow(s);
         }
         self.taking.set(false);
@@ -113,8 +221,7 @@ impl Carrier {
             return;
         }
         self.taking.set(false);
-        // SAFETY: as in `take_stack`.
-        let cache = unsafe { &mut *self.stacks.get() };
+        let mut cache = self.stack_cache();
         self.rt.stacks.give_batch(cache.drain(..STACK_CACHE / 2));
         cache.push(s);
     }
@@ -123,8 +230,7 @@ impl Carrier {
     /// between fibers, else a new one on a stack from the cache.
     #[inline(always)]
     pub(super) fn take_coroutine(&self, class: &'static SizeClass) -> io::Result<Co> {
-        // SAFETY: as in `take_stack`.
-        let cache = unsafe { &mut *self.coroutines.get() };
+        let mut cache = self.coroutine_cache();
         if std::ptr::eq(class, self.rt.stacks) {
             if let Some(co) = cache.pop() {
                 bump(&self.slot().stats.stack_hits, 1);
@@ -138,8 +244,7 @@ impl Carrier {
     /// stack class, room in the cache), else its stack goes back.
     #[inline(always)]
     pub(super) fn give_coroutine(&self, co: Co, class: &'static SizeClass) {
-        // SAFETY: as in `take_stack`.
-        let cache = unsafe { &mut *self.coroutines.get() };
+        let mut cache = self.coroutine_cache();
         if !co.done() && std::ptr::eq(class, self.rt.stacks) && cache.len() < COROUTINE_CACHE {
             cache.push(co);
         } else {
@@ -154,14 +259,11 @@ impl Carrier {
             self.rt.idle.stop_search();
         }
         self.flush_to_injector();
-        // SAFETY: as in `take_stack`; no fiber runs any more.
-        let cache = unsafe { &mut *self.stacks.get() };
-        // SAFETY: as in `take_stack`.
-        let coroutines = unsafe { &mut *self.coroutines.get() };
+        let mut cache = self.stack_cache();
+        let mut coroutines = self.coroutine_cache();
         cache.extend(coroutines.drain(..).map(retire_coroutine));
         self.rt.stacks.give_batch(cache.drain(..));
-        // SAFETY: as in `alloc_record`.
-        let records = unsafe { &mut *self.records.get() };
+        let mut records = self.record_cache();
         self.rt.give_records(records.drain(..));
     }
 }
@@ -208,5 +310,28 @@ pub(super) unsafe fn take_finished(co: &mut Option<crate::fiber::Co>) -> Option<
     unsafe {
         (co as *mut Slot).write(None);
         out.assume_init()
+    }
+}
+
+#[cfg(all(test, debug_assertions))]
+mod tests {
+    use super::{CacheMut, Flag};
+
+    #[test]
+    fn a_field_borrowed_again_after_its_guard_dropped_is_fine() {
+        let flag = Flag::default();
+        let (mut a, mut b) = (1, 2);
+        drop(CacheMut::new(&mut a, &flag, "x"));
+        *CacheMut::new(&mut b, &flag, "x") += 1;
+        assert_eq!(b, 3);
+    }
+
+    #[test]
+    #[should_panic(expected = "the carrier's `x` cache borrowed twice at once")]
+    fn a_field_borrowed_twice_at_once_panics_in_debug_builds() {
+        let flag = Flag::default();
+        let (mut a, mut b) = (1, 2);
+        let _first = CacheMut::new(&mut a, &flag, "x");
+        let _second = CacheMut::new(&mut b, &flag, "x");
     }
 }

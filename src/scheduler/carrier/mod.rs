@@ -37,6 +37,7 @@ use crate::fiber::stack::{FiberStack, SizeClass};
 use crate::fiber::{Claim, Co, FiberRecord, FiberRef, NO_HOME, Suspend};
 
 mod caches;
+use caches::{Borrowed, Caches};
 mod queues;
 mod search;
 mod switch;
@@ -93,12 +94,11 @@ pub(crate) struct Carrier {
     /// the indexing (a bounds check and a multiply behind two loads) showed in the profile.
     slot: NonNull<CarrierSlot>,
     worker: Local<FiberRef>,
-    /// Started fibers at home here, runnable, each with the deque's `pushed()` count when it
-    /// was queued: it runs once everything queued in the deque before it has left (`home_due`),
-    /// so the two queues together run in arrival order, as one deque did when fibers migrated.
-    /// Private: only this carrier ever runs them. The `VecDeque` keeps its capacity, so a
-    /// steady state allocates nothing.
-    home: UnsafeCell<VecDeque<(FiberRef, usize)>>,
+    /// The home queue and the caches of stacks, coroutines, records and the spill buffer,
+    /// behind one `UnsafeCell` with one safety argument (`caches.rs`).
+    caches: UnsafeCell<Caches>,
+    /// Which of `caches`' fields is borrowed now (debug builds; nothing in release).
+    borrowed: Borrowed,
     /// A compensating carrier beyond the target count: it retires when no longer needed.
     is_spare: bool,
     lifo_streak: Cell<u32>,
@@ -107,15 +107,8 @@ pub(crate) struct Carrier {
     heavier: Cell<bool>,
     tick: Cell<u32>,
     rng: Cell<u64>,
-    stacks: UnsafeCell<Vec<FiberStack>>,
-    /// Coroutines of the runtime's default stack class, each suspended between two fibers.
-    coroutines: UnsafeCell<Vec<Co>>,
     /// The stack cache's last operation was a take (see `take_stack`).
     taking: Cell<bool>,
-    records: UnsafeCell<Vec<NonNull<FiberRecord>>>,
-    /// A spill's fibers on their way to the injector: one buffer, reused, so a spill never
-    /// allocates. Empty between spills.
-    spill: UnsafeCell<Batch>,
     ids: Cell<(u64, u64)>,
     stock: Cell<usize>,
     searching: Cell<bool>,
@@ -133,17 +126,20 @@ impl Carrier {
             index,
             slot,
             worker,
-            home: UnsafeCell::new(VecDeque::with_capacity(LOCAL_CAP)),
+            caches: UnsafeCell::new(Caches {
+                home: VecDeque::with_capacity(LOCAL_CAP),
+                stacks: Vec::with_capacity(STACK_CACHE),
+                coroutines: Vec::with_capacity(COROUTINE_CACHE),
+                records: Vec::with_capacity(RECORD_CACHE),
+                spill: Batch::with_capacity(LOCAL_CAP / 2 + 1),
+            }),
+            borrowed: Borrowed::default(),
             is_spare: index >= rt.target,
             lifo_streak: Cell::new(0),
             heavier: Cell::new(false),
             tick: Cell::new(0),
             rng: Cell::new(0x2545_F491_4F6C_DD1D ^ ((index as u64 + 1) << 17)),
-            stacks: UnsafeCell::new(Vec::with_capacity(STACK_CACHE)),
-            coroutines: UnsafeCell::new(Vec::with_capacity(COROUTINE_CACHE)),
             taking: Cell::new(false),
-            records: UnsafeCell::new(Vec::with_capacity(RECORD_CACHE)),
-            spill: UnsafeCell::new(Batch::with_capacity(LOCAL_CAP / 2 + 1)),
             ids: Cell::new((0, 0)),
             stock: Cell::new(0),
             // Counted as a searcher since `start_carrier` (`Idle::start_searching`).

@@ -71,8 +71,7 @@ impl Carrier {
     /// started fibers, such as yielders, lives there), else the deque's.
     #[inline]
     pub(super) fn peek_next_two(&self) -> (usize, usize) {
-        // SAFETY: as in `home_push`.
-        let home = unsafe { &*self.home.get() };
+        let home = self.home_queue();
         match (home.front(), home.get(1)) {
             (Some((a, _)), b) => {
                 (FiberRef::as_ptr(a) as usize, b.map_or(0, |(b, _)| FiberRef::as_ptr(b) as usize))
@@ -84,9 +83,7 @@ impl Carrier {
     /// Queues a fiber at home here behind everything queued so far (see `home`).
     #[inline]
     pub(super) fn home_push(&self, f: FiberRef) {
-        // SAFETY: only this carrier's thread touches `home`, never reentrantly: no method that
-        // borrows it runs fiber code or calls back into another that does.
-        let home = unsafe { &mut *self.home.get() };
+        let mut home = self.home_queue();
         home.push_back((f, self.worker.pushed()));
         self.slot().home_len.store(home.len(), Ordering::Relaxed);
     }
@@ -95,8 +92,7 @@ impl Carrier {
     /// (`due_only`), or in any case.
     #[inline]
     pub(super) fn home_pop(&self, due_only: bool) -> Option<FiberRef> {
-        // SAFETY: as in `home_push`.
-        let home = unsafe { &mut *self.home.get() };
+        let mut home = self.home_queue();
         let &(_, mark) = home.front()?;
         if due_only && mark > self.worker.taken() {
             return None;
@@ -132,12 +128,10 @@ impl Carrier {
     #[cold]
     #[inline(never)]
     pub(super) fn spill(&self) {
-        // SAFETY: only this carrier's thread touches `spill`, and not reentrantly: nothing
-        // below runs fiber code.
-        let spill = unsafe { &mut *self.spill.get() };
-        self.worker.take_into(spill, LOCAL_CAP / 2);
+        let mut spill = self.spill_buffer();
+        self.worker.take_into(&mut spill, LOCAL_CAP / 2);
         bump(&self.slot().stats.injector_pushes, spill.len() as u64);
-        self.rt.injector.push_batch(self.index, spill);
+        self.rt.injector.push_batch(self.index, &mut spill);
     }
 
     pub(super) fn lifo_take(&self) -> Option<FiberRef> {
@@ -157,8 +151,7 @@ impl Carrier {
     }
 
     pub(super) fn flush_to_injector(&self) {
-        // SAFETY: as in `spill`.
-        let rest = unsafe { &mut *self.spill.get() };
+        let mut rest = self.spill_buffer();
         if let Some(f) = self.lifo_take() {
             if f.home.load(Ordering::Relaxed) == self.index {
                 // At home here (woken into the LIFO slot): it may run nowhere else, so it goes
@@ -173,7 +166,7 @@ impl Carrier {
         while let Some(f) = self.home_pop(false) {
             self.rt.push_inbox(self.index, f);
         }
-        self.worker.take_into(rest, usize::MAX);
-        self.rt.injector.push_batch(self.index, rest);
+        self.worker.take_into(&mut rest, usize::MAX);
+        self.rt.injector.push_batch(self.index, &mut rest);
     }
 }
