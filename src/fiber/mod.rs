@@ -1,23 +1,10 @@
 //! Fibers: a stackful coroutine plus the record the scheduler moves between queues.
 //!
 //! A fiber is a `corosensei` coroutine on a pooled [`stack::FiberStack`], owned by a
-//! reference-counted [`FiberRecord`]. Its life is a small state machine in one atomic word
-//! (`state.rs` style, kept here because it is short):
-//!
-//! ```text
-//!   spawn ──► RUNNING, queued ──(carrier pops it)──► RUNNING ──(returns)──► DONE
-//!                                                  ▲   │   │
-//!               RUNNABLE ─(carrier pops, claims)───┘   │   └─(yield_now)──► RUNNING, queued
-//!                  ▲ unpark: PARKED → RUNNABLE         │
-//!                  └──────────── PARKED ◄──────────────┘ park (the carrier CASes RUNNING →
-//!                                                        PARKED after the switch, so a fiber
-//!                                                        is never resumed while it is still
-//!                                                        switching out)
-//! ```
-//! "RUNNING, queued" is `RUNNING` with the record's `queued_running` flag: only the queue
-//! entry's owner can run it, so popping it needs no CAS (see `try_claim`). `NOTIFIED` is a flag
-//! beside the state: an `unpark` that finds the fiber not parked leaves a token that its next
-//! `park` consumes, so no wake-up is lost. See `arch/fiber.md`.
+//! reference-counted [`FiberRecord`]. Its life is a small state machine in one atomic word,
+//! drawn once, in `state.rs` (spawn → RUNNING and queued → RUNNING → PARKED → RUNNABLE → ...
+//! → DONE). fiber/ is the bottom layer but the loom facade and platform/ (`arch/layers.md`):
+//! what it needs from the scheduler it declares in `schedule.rs`. See `arch/fiber.md`.
 
 pub(crate) mod compact;
 pub(crate) mod context;
