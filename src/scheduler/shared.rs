@@ -132,6 +132,22 @@ impl Clock {
 }
 
 /// State shared by a runtime's carriers and by everyone who schedules onto it.
+///
+/// Its six mutexes, and the order in which a thread may hold them (outer first; nothing not
+/// listed after a lock is ever taken while it is held):
+///
+/// ```text
+///  threads ──► unstarted                  start_carrier registers the thread it spawns
+///  slots[i].timers ──► records            a fired or cleared timer entry may drop a record's
+///        │                                last reference (`runtime_ref::recycle_record`)
+///        └──► spares, and the leaf locks   `time::fire` schedules what it wakes under the lock:
+///             of the injector shards and   the fiber's home inbox may revive a spare, a full
+///             `Idle::sleepers`             deque spills, a sleeping carrier is woken
+///  records ──► the roots' shards, slabs    `alloc_record` carves a new slab under it
+///  spares, known                          leaves: nothing is taken while they are held
+/// ```
+/// The drop's `Drain` state (`shutdown.rs`) is a leaf too: it is let go before any fiber is
+/// unwound.
 pub(crate) struct Shared {
     /// Counted references (see [`RuntimeRef`]; `runtime_ref.rs` counts them).
     pub(super) refs: AtomicUsize,
