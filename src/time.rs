@@ -17,9 +17,8 @@ use std::time::Instant;
 use crate::fiber::{FiberRecord, FiberRef};
 use crate::scheduler::{Shared, Wake};
 
-/// A carrier's pending timers: a lane of deadlines armed in order, and a heap of the rest.
-/// W7's 10,000 sleepers spent 8% of their time in the heap's pops (a sift through a 320 KB
-/// array per timer); in the lane a pop is a load.
+/// A carrier's pending timers: a lane of deadlines armed in order, and a heap of the rest: a
+/// heap pop sifts through the whole array, in the lane a pop is a load (`arch/performance.md`).
 #[derive(Default)]
 pub(crate) struct TimerHeap {
     /// Non-decreasing deadlines, in arming order.

@@ -36,8 +36,8 @@ pub(crate) fn new_coroutine(stack: FiberStack) -> Co {
 /// Every fiber coroutine's body: runs one fiber after another. After a fiber's result is
 /// published it suspends with `Finished`, and its carrier keeps it in a cache, stack and all;
 /// the next resume hands it a new fiber's record, and a null one ends it. Reusing it skips
-/// building a coroutine and entering it through corosensei's trampoline, which were ~60 of
-/// the ~620 instructions of a chained spawn (W3).
+/// building a coroutine and entering it through corosensei's trampoline on every first run
+/// (`arch/performance.md`).
 fn fiber_loop(y: &FiberYielder, mut me: *const FiberRecord) {
     while !me.is_null() {
         debug_assert!(std::ptr::eq(me, context::current_fiber()));

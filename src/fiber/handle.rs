@@ -18,7 +18,7 @@ use super::{FiberRecord, FiberRef};
 /// One word: a fiber's counted record pointer, or (low bit set) an `Arc` of a plain thread's
 /// handle and id. A [`JoinHandle`](crate::JoinHandle) holds one, so a spawn returns its handle
 /// in a register; as an enum of two words it went through memory, and the caller's 16-byte
-/// load of it missed store forwarding on every spawn (W1's profile).
+/// load of it missed store forwarding on every spawn.
 pub struct Fiber {
     tagged: NonNull<()>,
 }

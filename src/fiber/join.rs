@@ -40,7 +40,7 @@ trait JoinWord {
 }
 
 // Inlined, so that each call's ordering is a constant: called with an ordering unknown to it,
-// `load` was a real call with a switch on the ordering, 18 instructions per W1 fiber.
+// `load` was a real call with a switch on the ordering (`arch/performance.md`, "Moved from the code").
 macro_rules! join_word {
     ($atomic:ty) => {
         impl JoinWord for $atomic {

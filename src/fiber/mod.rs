@@ -97,9 +97,8 @@ pub(crate) const STAGE_SAVED: u8 = 3;
 ///
 /// Laid out by hand, by who touches what (`LAYOUT` below checks it): the compiler's order spread
 /// the fields a switch touches over four of the record's five lines, and with a thousand fibers
-/// in turn those misses bound a yield. The record is not aligned to a line: with 64-byte
-/// alignment a wake-up storm (W6's wake of 100,000 parked fibers on two carriers) took 25%
-/// longer, for a further 12% fewer misses in W5 (`arch/performance.md`).
+/// in turn those misses bound a yield. The record is not aligned to a line: 64-byte alignment
+/// slowed a wake-up storm more than it saved in misses (`arch/fiber.md`).
 #[repr(C)]
 pub(crate) struct FiberRecord {
     // Bytes 0-63: what every switch reads or writes (claim, resume bookkeeping, suspend,
@@ -140,7 +139,7 @@ pub(crate) struct FiberRecord {
     // Bytes 64-127: the coroutine (its saved stack pointer, read and written by every switch).
     /// The coroutine, built at the first run. Stacks are bound at first run, not at spawn, so
     /// a queued fiber holds none and a carrier that runs short fibers back to back reuses the
-    /// same few cache-hot stacks (binding at spawn made W1 touch 10,000 cold stack pages per op).
+    /// same few cache-hot stacks (binding at spawn touched a cold stack page per spawn).
     co: UnsafeCell<Option<Co>>,
     /// The stack pointer just before the fiber last switched out to park (`suspend`): where
     /// the live part of a parked fiber's stack begins, less `compact::red_zone()`. Atomic so
@@ -342,7 +341,7 @@ impl FiberRecord {
         r.since.store(init.since, Ordering::Relaxed);
         r.carrier.store(u32::MAX, Ordering::Relaxed);
         // The last incarnation's, else: the carrier prefetches it before a first run, and a
-        // stale one may lie in a trimmed stack, costing a page walk for nothing (W7's profile).
+        // stale one may lie in a trimmed stack, costing a page walk for nothing.
         r.parked_sp.store(0, Ordering::Relaxed);
         r.lent.set(0);
         // Release: a dump that upgrades this record (`FiberRef::upgrade`) sees the fields above.
@@ -449,7 +448,7 @@ impl FiberRecord {
     /// queued. A yield leaves the state word `RUNNING`: only the queue entry's owner can run
     /// the fiber, as after a claim, and an unpark meanwhile leaves its token as it would on a
     /// `RUNNABLE` fiber. That saves the two locked operations of a round trip through
-    /// `RUNNABLE` (the W5 profile put them at a third of the carrier's switch code). A new
+    /// `RUNNABLE` (a large share of the carrier's switch code: `arch/fiber.md`). A new
     /// fiber starts out the same way (`init`): nobody but its queue entry's owner can run it
     /// either, and an unpark before its first run leaves a token on `RUNNING` as on `RUNNABLE`.
     pub(crate) fn set_yielded(&self) {

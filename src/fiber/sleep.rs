@@ -24,7 +24,7 @@ pub fn sleep(dur: Duration) {
         return;
     };
     if now < deadline {
-        // The first park without a second clock read (one per sleep showed in W7's profile);
+        // The first park without a second clock read (a read per sleep shows in profiles);
         // if its own timer ended it, the deadline has passed and there is nothing to re-check.
         if park_fiber(me.record(), me.cancelling, WaitReason::Sleep, Some(deadline))
             || !context::cancelling().is_null()

@@ -46,8 +46,8 @@ impl Idle {
 
     /// Step 2: after making work visible, wake one sleeper if nobody is searching.
     /// Returns the carrier to unpark. On the spawn path: inlined, its fast path is a fence, a
-    /// load and a test (LLVM stopped inlining it when `notify` gained a caller, measured +11
-    /// instructions per spawn in W1).
+    /// load and a test (LLVM stopped inlining it when `notify` gained a caller, which every
+    /// spawn paid for).
     #[inline]
     pub(crate) fn notify_one(&self) -> Option<usize> {
         // Pairs with the SeqCst RMW in `register`: either we see the sleeper or it sees our work.

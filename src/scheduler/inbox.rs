@@ -9,7 +9,7 @@
 //! it into arrival order, straight into its private home queue (`Carrier::drain_inbox`); a
 //! taker that swapped the chain out owns all of it, so there is no ABA (nobody pops one entry
 //! while others push). It replaced a `Mutex<VecDeque>` that every cross-carrier wake and every
-//! pinned yield locked (issue 19: the home mode cost W5 47%).
+//! pinned yield locked (issue 19, `arch/performance.md`).
 //!
 //! The idle protocol (`idle.rs`) sees the inbox through [`Inbox::is_empty`], fenced like the
 //! run queue's: a pusher pushes, then fences and reads the sleepers; a carrier going to sleep

@@ -497,7 +497,7 @@ impl Shared {
 
     /// A carrier woke from idle: if the supervisor slept too, the coarse clock is stale; bring
     /// it forward. Only then: carriers writing the clock line at every wake made it bounce
-    /// between them and cost W1 ~20% (measured, `arch/diagnostics.md`).
+    /// between them (measured: `arch/diagnostics.md`).
     pub(crate) fn refresh_clock_after_idle(&self, now: Instant) {
         if !self.clock.on {
             return;

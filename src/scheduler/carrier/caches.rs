@@ -157,7 +157,7 @@ impl Carrier {
         let mut cache = self.record_cache();
         if let Some(r) = cache.pop() {
             // The next spawn's record: `init` writes all of it, and after a burst of spawns
-            // the pool's records have gone cold (W1 cycles through 10,000 of them per op).
+            // the pool's records have gone cold (a fork-join cycles through thousands).
             if let Some(next) = cache.last() {
                 let p = next.as_ptr() as usize;
                 for line in 0..std::mem::size_of::<FiberRecord>().div_ceil(64) {
@@ -283,8 +283,8 @@ pub(super) fn retire_coroutine(mut co: Co) -> FiberStack {
 /// `co.take()` for a coroutine that has just returned, read a word at a time. The switch back
 /// from the fiber has just written its saved stack pointer with an 8-byte store, and `take`
 /// copies the coroutine with 16-byte loads: a load that spans that store cannot be forwarded
-/// from it and waits for it to reach the cache (W1's profile had 15% of the carrier loop's
-/// samples there). Word loads are each forwarded from the store that wrote them.
+/// from it and waits for it to reach the cache (`arch/performance.md`). Word loads are each
+/// forwarded from the store that wrote them.
 ///
 /// # Safety
 /// The caller has exclusive access to the coroutine.

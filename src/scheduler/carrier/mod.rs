@@ -203,9 +203,9 @@ impl Carrier {
     }
 
     /// Takes back a dropped runtime reference into the stock. A full stock gives half of itself
-    /// back in one atomic subtraction: given back one at a time, the 10,000 references of a
-    /// W1 op that spawns all before joining any (the stock fills after 256) each cost an
-    /// atomic on the runtime's count, a line every carrier shares (7% of W1's samples).
+    /// back in one atomic subtraction: given back one at a time, the references of a fork-join
+    /// that spawns all before joining any (the stock fills after 256) each cost an atomic on
+    /// the runtime's count, a line every carrier shares (`arch/performance.md`).
     #[inline]
     pub(crate) fn stock_ref(&self) {
         let s = self.stock.get() + 1;

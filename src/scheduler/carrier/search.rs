@@ -17,7 +17,7 @@ impl Carrier {
             // arrive at the tails of the carriers' deques. Past the grace rounds, when no tail
             // moved over a round, only wakes and I/O remain, which reach a parked carrier as
             // well: park, and let the reactor gain a poller, rather than spin on (Go's spinning
-            // Ms stop likewise). An HTTP server under wrk spent 20% of its samples here.
+            // Ms stop likewise): spinning on was an HTTP server's hot spot (`arch/performance.md`).
             let now = self.deques_pushed();
             if round >= PATIENT_ROUNDS && now == pushed {
                 return None;
@@ -81,7 +81,7 @@ impl Carrier {
             // Unstarted fibers wait in the deque ahead of the home queue's oldest, and another
             // carrier is idle: leave them to it. Once started here they could never move, so
             // a carrier that started every fiber it spawned before the others woke would run
-            // them all (W5 read 85/15 between two carriers). It runs a fiber at home meanwhile
+            // them all (W5 split very unevenly between two carriers). It runs a fiber at home meanwhile
             // and makes sure an idle carrier looks (a searcher already does: then this is a
             // fence and a load). The same while this carrier is clearly heavier than another
             // (`weigh`), which takes them with `steal_if_lighter`. Otherwise arrival order holds.

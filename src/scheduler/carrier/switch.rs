@@ -27,7 +27,7 @@ impl Carrier {
     /// and the record of the one after it. Two stack lines each: the resume pops the saved
     /// registers around `parked_sp`, then returns through the frames just above it, and where
     /// the fiber's frames happen to straddle a line the second was a miss on every switch
-    /// (W5 +10% in a build whose fiber frames sat 48 bytes deeper: `arch/performance.md`).
+    /// (`arch/performance.md`, the finding on a fiber's frames against the resume's prefetch).
     #[inline]
     pub(super) fn prefetch_ahead(&self, f: &FiberRecord) {
         use crate::platform::prefetch;
