@@ -68,7 +68,12 @@ pub(crate) fn carrier() -> *const CarrierState {
 }
 
 /// Registers this thread's carrier and the `Running` cell in it (both null: none).
-pub(crate) fn set_carrier(c: *const CarrierState, running: *const Running) {
+///
+/// # Safety
+/// Until this thread registers null again, `c` is the scheduler's carrier living on this
+/// thread's stack (or null) and `running` points into it (or is null): the accessors here
+/// dereference `running`, and the scheduler reads `c` as its `Carrier`.
+pub(crate) unsafe fn set_carrier(c: *const CarrierState, running: *const Running) {
     CARRIER.with(|cell| cell.set(c));
     RUNNING.with(|cell| cell.set(running));
 }

@@ -15,7 +15,8 @@ use super::*;
 /// that does not call another method borrowing the same field; so no two borrows of one field
 /// overlap. Distinct fields are disjoint places, borrowed through raw-pointer projections that
 /// never make a reference to the whole. Debug builds check the last condition at run time
-/// (`Borrowed`): a second borrow of a field panics.
+/// (`Borrowed`): a second borrow of a field panics. The accessors are private to `carrier/`
+/// (`pub(super)`), which is the boundary of this argument: no code outside it borrows a field.
 pub(super) struct Caches {
     /// Started fibers at home here, runnable, each with the deque's `pushed()` count when it
     /// was queued: it runs once everything queued in the deque before it has left (`home_due`),

@@ -151,7 +151,9 @@ impl Carrier {
         };
         // The overflow report runs on an alternate signal stack: the fiber's own is exhausted.
         let _altstack = crate::fiber::overflow::ensure_altstack();
-        context::set_carrier((&raw const c).cast::<CarrierState>(), &c.current);
+        // SAFETY: `c` lives on this thread's stack until after the null registration below,
+        // which ends the thread's loop; `current` is its field.
+        unsafe { context::set_carrier((&raw const c).cast::<CarrierState>(), &c.current) };
         // A panic here is a runtime bug; a carrier that silently died would leave the fibers
         // queued or pinned on it waiting for ever (found by tests/stress.rs).
         if catch_unwind(AssertUnwindSafe(|| c.run_loop())).is_err() {
@@ -159,7 +161,8 @@ impl Carrier {
             std::process::abort();
         }
         c.exit();
-        context::set_carrier(std::ptr::null(), std::ptr::null());
+        // SAFETY: null registers no carrier.
+        unsafe { context::set_carrier(std::ptr::null(), std::ptr::null()) };
         let stock = c.stock.replace(0);
         c.rt.release_stock(stock);
         // The runtime's drop unwinds the fibers homed here on this thread, before it exits
