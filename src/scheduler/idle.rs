@@ -213,7 +213,7 @@ pub(super) mod loom_tests {
         }
     }
 
-    /// A carrier's idle path, as in `carrier.rs` (one search round instead of `SPIN_ROUNDS`).
+    /// A carrier's idle path, as in `carrier/search.rs` (one search round instead of `SPIN_ROUNDS`).
     struct Carrier<Q> {
         index: usize,
         m: Arc<Model<Q>>,
@@ -278,7 +278,7 @@ pub(super) mod loom_tests {
             }
             match m.idle.unregister(self.index) {
                 Unregister::WasNotified => self.searching.set(true),
-                // As in `carrier.rs` since `arch/loom.md`'s finding 3: work seen on the re-check is looked for as a searcher, so that taking it
+                // As in `carrier/search.rs` since `arch/loom.md`'s finding 3: work seen on the re-check is looked for as a searcher, so that taking it
                 // from the injector wakes the next carrier (step 3) as stealing it would.
                 Unregister::Removed if visible => self.searching.set(m.idle.try_search()),
                 Unregister::Removed => {}
