@@ -27,8 +27,9 @@ use std::sync::{Condvar, Mutex};
 use std::time::Duration;
 
 use crate::diagnostics::WaitReason;
-use crate::fiber::park::{Fiber, WaitOnUnwind, park_for};
-use crate::runtime::context;
+use crate::fiber::context;
+use crate::fiber::handle::Fiber;
+use crate::fiber::park::{WaitOnUnwind, park_for};
 
 /// Most helper threads at once; beyond, calls queue for a free one. Java bounds its carrier
 /// compensation at 256 for the same reason: blocking pools that grew without bound.
@@ -155,7 +156,7 @@ where
     F: FnOnce() -> T + Send,
     T: Send,
 {
-    let c = context::carrier();
+    let c = crate::scheduler::carrier::here();
     let rec = context::current_fiber();
     if c.is_null() || rec.is_null() || std::thread::panicking() {
         return f();

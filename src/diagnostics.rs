@@ -12,151 +12,15 @@ use std::collections::HashMap;
 use std::fmt;
 use std::panic::Location;
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use crate::fiber::{FiberRef, PARKED, RUNNABLE, RUNNING};
+use crate::platform::signal as sys;
 use crate::scheduler::{RuntimeRef, Shared};
 
-/// What a parked fiber waits for.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-#[non_exhaustive]
-#[repr(u8)]
-pub enum WaitReason {
-    /// [`park`](crate::park) or [`park_timeout`](crate::park_timeout), called directly.
-    Park = 1,
-    /// [`sleep`](crate::sleep) or [`sleep_until`](crate::sleep_until).
-    Sleep,
-    /// [`JoinHandle::join`](crate::JoinHandle::join) (also `block_on` from a fiber).
-    Join,
-    /// The end of a [`scope`](crate::scope), waiting for its fibers.
-    Scope,
-    /// [`sync::Mutex::lock`](crate::sync::Mutex::lock).
-    Mutex,
-    /// [`sync::RwLock::read`](crate::sync::RwLock::read).
-    RwLockRead,
-    /// [`sync::RwLock::write`](crate::sync::RwLock::write).
-    RwLockWrite,
-    /// [`sync::Condvar`](crate::sync::Condvar)'s waits.
-    Condvar,
-    /// [`sync::Semaphore`](crate::sync::Semaphore)'s acquires.
-    Semaphore,
-    /// [`sync::Barrier::wait`](crate::sync::Barrier::wait).
-    Barrier,
-    /// [`sync::WaitGroup::wait`](crate::sync::WaitGroup::wait).
-    WaitGroup,
-    /// [`sync::OnceLock`](crate::sync::OnceLock), waiting for another caller's initialiser.
-    Once,
-    /// A channel send waiting for room or for a receiver.
-    ChannelSend,
-    /// A channel receive waiting for a message.
-    ChannelRecv,
-    /// [`select!`](crate::select) waiting on several channel operations.
-    Select,
-    /// A socket read or accept (`vt::net`) waiting for readiness.
-    NetRead,
-    /// A socket write or connect (`vt::net`) waiting for readiness.
-    NetWrite,
-    /// A [`ThreadPool`](crate::ThreadPool) job waiting for a free slot.
-    PoolSlot,
-    /// [`ThreadPool::join`](crate::ThreadPool::join) or the end of a pool scope.
-    PoolJoin,
-    /// [`future::block_on`](crate::future::block_on), waiting for a future's waker.
-    Future,
-    /// [`signal::wait_for`](crate::signal::wait_for) or [`signal::ctrl_c`](crate::signal::ctrl_c).
-    Signal,
-    /// [`blocking`](crate::blocking), its closure running on a helper thread.
-    Blocking,
-}
-
-const REASONS: [WaitReason; 22] = [
-    WaitReason::Park,
-    WaitReason::Sleep,
-    WaitReason::Join,
-    WaitReason::Scope,
-    WaitReason::Mutex,
-    WaitReason::RwLockRead,
-    WaitReason::RwLockWrite,
-    WaitReason::Condvar,
-    WaitReason::Semaphore,
-    WaitReason::Barrier,
-    WaitReason::WaitGroup,
-    WaitReason::Once,
-    WaitReason::ChannelSend,
-    WaitReason::ChannelRecv,
-    WaitReason::Select,
-    WaitReason::NetRead,
-    WaitReason::NetWrite,
-    WaitReason::PoolSlot,
-    WaitReason::PoolJoin,
-    WaitReason::Future,
-    WaitReason::Signal,
-    WaitReason::Blocking,
-];
-
-/// In a record's `wait` byte: the park has a deadline (a timer will wake it).
-pub(crate) const WAIT_TIMED: u8 = 0x80;
-
-impl WaitReason {
-    pub(crate) fn code(self) -> u8 {
-        self as u8
-    }
-
-    fn from_code(code: u8) -> WaitReason {
-        let i = (code & !WAIT_TIMED) as usize;
-        // 0 (never parked through a reason) reads as a plain park.
-        REASONS.get(i.wrapping_sub(1)).copied().unwrap_or(WaitReason::Park)
-    }
-
-    /// Whether only a finishing fiber can end this wait (a plain thread waiting so is not a
-    /// potential waker for the deadlock report).
-    pub(crate) fn waits_for_fibers(self) -> bool {
-        matches!(self, WaitReason::Join | WaitReason::PoolJoin | WaitReason::Scope)
-    }
-
-    /// Whether something outside the runtime's view (a peer on the network, another runtime
-    /// holding a future's waker, a signal, a helper thread running a `blocking` closure) can
-    /// end this wait.
-    fn is_io(self) -> bool {
-        matches!(
-            self,
-            WaitReason::NetRead
-                | WaitReason::NetWrite
-                | WaitReason::Future
-                | WaitReason::Signal
-                | WaitReason::Blocking
-        )
-    }
-}
-
-impl fmt::Display for WaitReason {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            WaitReason::Park => "park()",
-            WaitReason::Sleep => "sleep",
-            WaitReason::Join => "join of a fiber",
-            WaitReason::Scope => "the fibers of a scope",
-            WaitReason::Mutex => "Mutex::lock",
-            WaitReason::RwLockRead => "RwLock::read",
-            WaitReason::RwLockWrite => "RwLock::write",
-            WaitReason::Condvar => "Condvar::wait",
-            WaitReason::Semaphore => "Semaphore::acquire",
-            WaitReason::Barrier => "Barrier::wait",
-            WaitReason::WaitGroup => "WaitGroup::wait",
-            WaitReason::Once => "OnceLock initialisation",
-            WaitReason::ChannelSend => "channel send",
-            WaitReason::ChannelRecv => "channel receive",
-            WaitReason::Select => "select!",
-            WaitReason::NetRead => "socket read",
-            WaitReason::NetWrite => "socket write",
-            WaitReason::PoolSlot => "a ThreadPool slot",
-            WaitReason::PoolJoin => "ThreadPool jobs to finish",
-            WaitReason::Future => "a future (vt::future::block_on)",
-            WaitReason::Signal => "a signal (vt::signal)",
-            WaitReason::Blocking => "vt::blocking on a helper thread",
-        })
-    }
-}
+pub use crate::fiber::wait::WaitReason;
+pub(crate) use crate::fiber::wait::{PLAIN_CALLS, PLAIN_IN_VT, WAIT_TIMED};
 
 /// What a fiber was doing when the dump saw it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -456,38 +320,6 @@ fn describe(rt: &Shared, f: &FiberRef, now: u64) -> Option<FiberInfo> {
     })
 }
 
-/// Plain (non-carrier) threads inside a `vt` call that may wake a fiber when it returns (a
-/// `vt::sync` wait, `vt::sleep`, ...), process-wide. Waiting in `join`/`block_on` is not
-/// counted: such a thread only wakes up when a fiber finishes. While it is non-zero no runtime
-/// reports a deadlock.
-pub(crate) static PLAIN_IN_VT: AtomicUsize = AtomicUsize::new(0);
-
-/// Counts a plain thread inside a `vt` call for as long as it lives.
-pub(crate) struct PlainCall(());
-
-impl PlainCall {
-    pub(crate) fn enter() -> PlainCall {
-        PLAIN_IN_VT.fetch_add(1, Ordering::SeqCst);
-        PlainCall(())
-    }
-}
-
-impl Drop for PlainCall {
-    fn drop(&mut self) {
-        PLAIN_CALLS.fetch_add(1, Ordering::SeqCst);
-        PLAIN_IN_VT.fetch_sub(1, Ordering::SeqCst);
-    }
-}
-
-/// A plain thread made a `vt` call that does not wait (`yield_now`): it is alive and using the
-/// runtime, so the deadlock check's quiet period starts again.
-pub(crate) fn plain_activity() {
-    PLAIN_CALLS.fetch_add(1, Ordering::Relaxed);
-}
-
-/// Plain-thread `vt` calls that ended, process-wide: the deadlock check runs again after one.
-pub(crate) static PLAIN_CALLS: AtomicUsize = AtomicUsize::new(0);
-
 /// The supervisor found every carrier idle for the quiet period: decide whether nothing the
 /// runtime knows of can wake any fiber, and report once if so. Returns whether it reported.
 ///
@@ -645,7 +477,7 @@ pub(crate) fn install_panic_hook() {
     }
     let previous = std::panic::take_hook();
     std::panic::set_hook(Box::new(move |info| {
-        let rec = crate::runtime::context::current_fiber();
+        let rec = crate::fiber::context::current_fiber();
         if !rec.is_null() {
             // SAFETY: the running fiber's record is live while it runs, and its id, name and
             // spawn site are read-only then (see `FiberRecord`'s `Send` argument).
@@ -700,13 +532,10 @@ pub(crate) fn report_blocked(rt: &Shared, carrier: usize, blocked_for: Duration,
 
 /// Runtimes that asked for a dump on SIGQUIT. Its lock also serialises installing the handler.
 static ON_SIGQUIT: Mutex<Vec<RuntimeRef>> = Mutex::new(Vec::new());
-/// Write end of the self-pipe the signal handler writes to; `usize::MAX` until installed.
-static WRITE_FD: AtomicUsize = AtomicUsize::new(usize::MAX);
-
 /// Adds a runtime to those dumped on SIGQUIT, installing the handler and its thread once.
 pub(crate) fn dump_on_sigquit(rt: &RuntimeRef) -> std::io::Result<()> {
     let mut list = ON_SIGQUIT.lock().unwrap_or_else(|e| e.into_inner());
-    if WRITE_FD.load(Ordering::Relaxed) == usize::MAX {
+    if !sys::sigquit_installed() {
         install_sigquit()?;
     }
     list.push(rt.clone());
@@ -715,59 +544,20 @@ pub(crate) fn dump_on_sigquit(rt: &RuntimeRef) -> std::io::Result<()> {
 
 /// The runtime is going away: stop dumping it.
 pub(crate) fn forget_sigquit(rt: &Shared) {
-    if WRITE_FD.load(Ordering::Relaxed) != usize::MAX {
+    if sys::sigquit_installed() {
         ON_SIGQUIT.lock().unwrap_or_else(|e| e.into_inner()).retain(|r| !std::ptr::eq(r.ptr(), rt));
     }
 }
 
 /// Called once, under `ON_SIGQUIT`'s lock.
 fn install_sigquit() -> std::io::Result<()> {
-    let mut fds = [0i32; 2];
-    // SAFETY: `fds` is a valid array of two ints for pipe2 to fill.
-    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    let [read_fd, write_fd] = fds;
+    let (read_fd, write_fd) = sys::sigquit_pipe()?;
     std::thread::Builder::new().name("vt-sigquit".into()).spawn(move || sigquit_thread(read_fd))?;
-    WRITE_FD.store(write_fd as usize, Ordering::Relaxed);
-    // SAFETY: a zeroed sigaction is a valid starting value; we fill the handler and flags.
-    let mut sa: libc::sigaction = unsafe { std::mem::zeroed() };
-    sa.sa_sigaction = on_sigquit as extern "C" fn(libc::c_int) as usize;
-    sa.sa_flags = libc::SA_RESTART;
-    // SAFETY: `sa` is initialised; the handler only calls write(2), which is async-signal-safe.
-    if unsafe { libc::sigaction(libc::SIGQUIT, &sa, std::ptr::null_mut()) } != 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    Ok(())
-}
-
-extern "C" fn on_sigquit(_: libc::c_int) {
-    // Async-signal-safe: one atomic load and write(2); errno is saved around it because the
-    // interrupted code may be about to read it.
-    let fd = WRITE_FD.load(Ordering::Relaxed);
-    if fd == usize::MAX {
-        return;
-    }
-    // SAFETY: errno's location is thread-local and valid for the thread the signal runs on.
-    let saved = unsafe { *libc::__errno_location() };
-    let byte = 1u8;
-    // SAFETY: `fd` is the pipe's write end, open for the process's life; one byte from a local.
-    unsafe { libc::write(fd as i32, (&byte as *const u8).cast(), 1) };
-    // SAFETY: as above.
-    unsafe { *libc::__errno_location() = saved };
+    sys::install_sigquit(write_fd)
 }
 
 fn sigquit_thread(fd: i32) {
-    let mut buf = [0u8; 64];
-    loop {
-        // SAFETY: `buf` is a valid writable buffer of its length; `fd` is the pipe's read end.
-        let n = unsafe { libc::read(fd, buf.as_mut_ptr().cast(), buf.len()) };
-        if n <= 0 {
-            if n < 0 && std::io::Error::last_os_error().kind() == std::io::ErrorKind::Interrupted {
-                continue;
-            }
-            return;
-        }
+    while sys::wait_forwarded(fd) {
         let rts: Vec<RuntimeRef> = ON_SIGQUIT.lock().unwrap_or_else(|e| e.into_inner()).clone();
         for rt in rts {
             eprintln!("virtual-threads: SIGQUIT\n{}", collect(&rt));

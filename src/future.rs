@@ -26,7 +26,8 @@ use std::thread;
 
 use crate::JoinHandle;
 use crate::diagnostics::WaitReason;
-use crate::fiber::park::{Fiber, park_for};
+use crate::fiber::handle::Fiber;
+use crate::fiber::park::park_for;
 
 /// Runs `fut` to completion on the calling fiber and returns its output.
 ///

@@ -5,72 +5,21 @@
 //! until every fiber spawned in it has finished *and* its result has been dropped or taken
 //! (the count drops in the result packet's destructor), on every path, panics included.
 
-use std::any::Any;
 use std::fmt;
 use std::marker::PhantomData;
 use std::panic::{AssertUnwindSafe, Location, catch_unwind, resume_unwind};
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
 
 use crate::diagnostics::WaitReason;
-use crate::fiber::builder::Builder;
 use crate::fiber::compact::Lent;
+use crate::fiber::context;
 use crate::fiber::park::{WaitOnUnwind, finished};
 use crate::fiber::{JoinHandle, NO_HOME};
-use crate::runtime::context;
+use crate::runtime::spawn::Builder;
 use crate::{Fiber, current};
 
-pub(crate) struct ScopeData {
-    running: AtomicUsize,
-    a_fiber_panicked: AtomicBool,
-    /// The payload of the first unjoined fiber's panic, resumed by `scope` at its end.
-    first_panic: FirstPanic,
-    main: Fiber,
-}
-
-/// The first of several panics' payloads: a scope resumes it at its end, as rayon's does
-/// (std's scope panics with a message of its own, and the payload is lost).
-#[derive(Default)]
-pub(crate) struct FirstPanic(Mutex<Option<Box<dyn Any + Send>>>);
-
-impl FirstPanic {
-    /// Keeps `payload` if it is the first; a later one is dropped.
-    pub(crate) fn keep(&self, payload: Box<dyn Any + Send>) {
-        let mut first = self.0.lock().unwrap_or_else(PoisonError::into_inner);
-        if first.is_none() {
-            *first = Some(payload);
-        } else {
-            drop(first);
-            // Outside the lock: a payload's destructor is user code.
-            drop(payload);
-        }
-    }
-
-    /// Resumes the kept payload (or, if there is none, panics with `otherwise`).
-    pub(crate) fn resume(&self, otherwise: &'static str) -> ! {
-        let first = self.0.lock().unwrap_or_else(PoisonError::into_inner).take();
-        resume_unwind(first.unwrap_or_else(|| Box::new(otherwise)))
-    }
-}
-
-impl ScopeData {
-    /// A scoped fiber's panic that nobody joined: the scope resumes the first one.
-    pub(crate) fn keep_panic(&self, payload: Box<dyn Any + Send>) {
-        self.first_panic.keep(payload);
-    }
-
-    /// Called when a scoped fiber's packet is dropped.
-    pub(crate) fn fiber_done(&self, unhandled_panic: bool) {
-        if unhandled_panic {
-            self.a_fiber_panicked.store(true, Ordering::Relaxed);
-        }
-        // Release pairs with the Acquire load in `scope`: the packet's drop happens before the
-        // scope returns.
-        if self.running.fetch_sub(1, Ordering::Release) == 1 {
-            self.main.unpark();
-        }
-    }
-}
+pub(crate) use crate::fiber::scope_data::{FirstPanic, ScopeData};
 
 /// A scope to spawn fibers that may borrow from outside it; see [`scope`].
 pub struct Scope<'scope, 'env: 'scope> {
@@ -125,7 +74,7 @@ where
     let _wait = WaitOnUnwind::new(WaitReason::Scope, || scope.data.running.load(Ordering::Acquire) == 0);
     let result = catch_unwind(AssertUnwindSafe(|| f(&scope)));
     while scope.data.running.load(Ordering::Acquire) != 0 {
-        crate::fiber::park::park_for(crate::diagnostics::WaitReason::Scope, None);
+        crate::fiber::park::park_for(crate::fiber::wait::WaitReason::Scope, None);
     }
     match result {
         Err(e) => resume_unwind(e),
@@ -240,7 +189,7 @@ pub fn pinned<F, T>(f: F) -> T
 where
     F: FnOnce() -> T,
 {
-    let c = context::carrier();
+    let c = crate::scheduler::carrier::here();
     let rec = context::current_fiber();
     if c.is_null() || rec.is_null() {
         return f();
@@ -275,7 +224,7 @@ pub(crate) fn blocking_here<F, T>(at: &'static Location<'static>, f: F) -> T
 where
     F: FnOnce() -> T,
 {
-    let c = context::carrier();
+    let c = crate::scheduler::carrier::here();
     let rec = context::current_fiber();
     if c.is_null() || rec.is_null() || std::thread::panicking() {
         return f();
@@ -297,7 +246,7 @@ where
             if depth == 0 {
                 self.0.blocking_at.set(None);
                 // Re-read: `f` may have parked and resumed on another carrier.
-                let c = context::carrier();
+                let c = crate::scheduler::carrier::here();
                 if !c.is_null() {
                     // SAFETY: this thread's live carrier, used before any switch point.
                     unsafe {

@@ -19,7 +19,8 @@ use std::io;
 use std::sync::{Mutex, PoisonError};
 
 use crate::diagnostics::WaitReason;
-use crate::fiber::park::{Fiber, park_for};
+use crate::fiber::handle::Fiber;
+use crate::fiber::park::park_for;
 use crate::platform::signal as sys;
 
 /// A signal [`wait_for`] can wait for.

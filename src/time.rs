@@ -15,12 +15,10 @@ use std::sync::atomic::Ordering;
 use std::time::Instant;
 
 use crate::fiber::{FiberRecord, FiberRef};
-use crate::runtime::context;
 use crate::scheduler::{Shared, Wake};
 
-/// A carrier's pending timers: a lane of deadlines armed in order, and a heap of the rest.
-/// W7's 10,000 sleepers spent 8% of their time in the heap's pops (a sift through a 320 KB
-/// array per timer); in the lane a pop is a load.
+/// A carrier's pending timers: a lane of deadlines armed in order, and a heap of the rest: a
+/// heap pop sifts through the whole array, in the lane a pop is a load (`arch/performance.md`).
 #[derive(Default)]
 pub(crate) struct TimerHeap {
     /// Non-decreasing deadlines, in arming order.
@@ -97,7 +95,7 @@ impl TimerHeap {
 /// Arms a timer that unparks `rec` at `deadline`, on the carrier running it, and returns its
 /// generation (for `disarm`). Called by the fiber itself, just before it parks.
 pub(crate) fn arm_timer(rec: &FiberRecord, deadline: Instant) -> u64 {
-    let c = context::carrier();
+    let c = crate::scheduler::carrier::here();
     debug_assert!(!c.is_null(), "a fiber parks only on a carrier");
     // SAFETY: a fiber runs on a carrier; the pointer is that live carrier, used before the
     // switch point that follows.

@@ -38,6 +38,7 @@ mod error;
 pub mod oneshot;
 #[doc(hidden)]
 pub mod select;
+mod select_macros;
 
 use std::fmt;
 use std::panic::{RefUnwindSafe, UnwindSafe};

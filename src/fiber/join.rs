@@ -20,7 +20,7 @@ use std::marker::PhantomData;
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::thread;
 
-use super::park::Fiber;
+use super::handle::Fiber;
 use super::{FiberRecord, STAGE_RESULT};
 
 const EMPTY: u8 = 0;
@@ -30,7 +30,7 @@ const DETACHED: u8 = 3;
 const TAKEN: u8 = 4;
 
 /// The join word's atomic: std's in a fiber record, loom's in the models, which thus run the
-/// same steps as the runtime. (If the record's word comes from `crate::sync::loom` one day,
+/// same steps as the runtime. (If the record's word comes from `crate::loom` one day,
 /// this trait can go.)
 trait JoinWord {
     fn load(&self, order: Ordering) -> u8;
@@ -40,7 +40,7 @@ trait JoinWord {
 }
 
 // Inlined, so that each call's ordering is a constant: called with an ordering unknown to it,
-// `load` was a real call with a switch on the ordering, 18 instructions per W1 fiber.
+// `load` was a real call with a switch on the ordering (`arch/performance.md`, "Moved from the code").
 macro_rules! join_word {
     ($atomic:ty) => {
         impl JoinWord for $atomic {
@@ -182,7 +182,7 @@ impl<T> JoinHandle<T> {
         // SAFETY: the fiber reads `waiter` only after seeing WAITING, not yet published.
         let publish_handle = || unsafe { *rec.waiter.get() = Some(crate::current()) };
         wait_for_result(&rec.join, publish_handle, || {
-            super::park::park_for(crate::diagnostics::WaitReason::Join, None)
+            super::park::park_for(super::wait::WaitReason::Join, None)
         });
         debug_assert_eq!(rec.stage_kind.get(), STAGE_RESULT);
         // SAFETY: DONE was observed with Acquire, so the fiber's write of its result happened
@@ -235,7 +235,7 @@ mod loom_tests {
     use loom::thread::{self, Thread};
 
     use super::*;
-    use crate::sync::loom::Arc;
+    use crate::loom::Arc;
 
     /// The parts of a fiber record the hand-off touches.
     struct Record {

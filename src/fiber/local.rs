@@ -12,7 +12,7 @@ use std::any::Any;
 use std::cell::UnsafeCell;
 use std::fmt;
 
-use crate::runtime::context;
+use crate::fiber::context;
 
 /// A key for a fiber-local value; declare one with [`fiber_local!`](crate::fiber_local).
 pub struct LocalKey<T: Send + 'static> {
@@ -90,8 +90,8 @@ impl Locals {
     #[inline]
     pub(crate) fn clear(&self) {
         // Most fibers never use a fiber-local: look before taking the vector (the take's
-        // stores and the drop of the empty one cost 18 instructions per W1 fiber), in the
-        // caller, with the rounds out of line.
+        // stores and the drop of the empty one cost every fiber something), in the caller,
+        // with the rounds out of line.
         // SAFETY: owner-only access; the shared borrow ends here.
         if unsafe { !(*self.map.get()).is_empty() } {
             self.clear_rounds();

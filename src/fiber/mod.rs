@@ -1,47 +1,43 @@
 //! Fibers: a stackful coroutine plus the record the scheduler moves between queues.
 //!
 //! A fiber is a `corosensei` coroutine on a pooled [`stack::FiberStack`], owned by a
-//! reference-counted [`FiberRecord`]. Its life is a small state machine in one atomic word
-//! (`state.rs` style, kept here because it is short):
-//!
-//! ```text
-//!   spawn ──► RUNNING, queued ──(carrier pops it)──► RUNNING ──(returns)──► DONE
-//!                                                  ▲   │   │
-//!               RUNNABLE ─(carrier pops, claims)───┘   │   └─(yield_now)──► RUNNING, queued
-//!                  ▲ unpark: PARKED → RUNNABLE         │
-//!                  └──────────── PARKED ◄──────────────┘ park (the carrier CASes RUNNING →
-//!                                                        PARKED after the switch, so a fiber
-//!                                                        is never resumed while it is still
-//!                                                        switching out)
-//! ```
-//! "RUNNING, queued" is `RUNNING` with the record's `queued_running` flag: only the queue
-//! entry's owner can run it, so popping it needs no CAS (see `try_claim`). `NOTIFIED` is a flag
-//! beside the state: an `unpark` that finds the fiber not parked leaves a token that its next
-//! `park` consumes, so no wake-up is lost. See `arch/fiber.md`.
+//! reference-counted [`FiberRecord`]. Its life is a small state machine in one atomic word,
+//! drawn once, in `state.rs` (spawn → RUNNING and queued → RUNNING → PARKED → RUNNABLE → ...
+//! → DONE). fiber/ is the bottom layer but the loom facade and platform/ (`arch/layers.md`):
+//! what it needs from the scheduler it declares in `schedule.rs`. See `arch/fiber.md`.
 
-pub(crate) mod builder;
 pub(crate) mod compact;
+pub(crate) mod context;
+pub(crate) mod coroutine;
+mod counted;
+pub(crate) mod handle;
+pub(crate) mod id;
 pub(crate) mod join;
 pub(crate) mod local;
 pub(crate) mod overflow;
 pub(crate) mod park;
+pub(crate) mod schedule;
+pub(crate) mod scope_data;
+pub(crate) mod sleep;
 pub(crate) mod stack;
 pub(crate) mod state;
+pub(crate) mod wait;
 
 use std::cell::{Cell, UnsafeCell};
 use std::mem::MaybeUninit;
 use std::panic::Location;
 use std::ptr::NonNull;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU32, AtomicU64, AtomicUsize, Ordering, fence};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 
 use corosensei::{Coroutine, Yielder};
 
-use crate::scheduler::RuntimeRef;
+use schedule::{RuntimeRef, Schedule};
 use stack::{FiberStack, SizeClass};
 
+pub(crate) use counted::FiberRef;
+pub(crate) use id::FiberId;
 pub(crate) use join::JoinHandle;
-pub(crate) use park::FiberId;
 
 /// What a fiber asks of its carrier when it switches out.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -51,7 +47,7 @@ pub(crate) enum Suspend {
     /// Mark me parked unless an unpark already came.
     Park,
     /// My fiber is finished (its result published): the coroutine is free to run the next
-    /// fiber's closure, resumed with that fiber's record (see `builder::fiber_loop`).
+    /// fiber's closure, resumed with that fiber's record (see `coroutine::fiber_loop`).
     Finished,
 }
 
@@ -101,9 +97,8 @@ pub(crate) const STAGE_SAVED: u8 = 3;
 ///
 /// Laid out by hand, by who touches what (`LAYOUT` below checks it): the compiler's order spread
 /// the fields a switch touches over four of the record's five lines, and with a thousand fibers
-/// in turn those misses bound a yield. The record is not aligned to a line: with 64-byte
-/// alignment a wake-up storm (W6's wake of 100,000 parked fibers on two carriers) took 25%
-/// longer, for a further 12% fewer misses in W5 (`arch/performance.md`).
+/// in turn those misses bound a yield. The record is not aligned to a line: 64-byte alignment
+/// slowed a wake-up storm more than it saved in misses (`arch/fiber.md`).
 #[repr(C)]
 pub(crate) struct FiberRecord {
     // Bytes 0-63: what every switch reads or writes (claim, resume bookkeeping, suspend,
@@ -144,7 +139,7 @@ pub(crate) struct FiberRecord {
     // Bytes 64-127: the coroutine (its saved stack pointer, read and written by every switch).
     /// The coroutine, built at the first run. Stacks are bound at first run, not at spawn, so
     /// a queued fiber holds none and a carrier that runs short fibers back to back reuses the
-    /// same few cache-hot stacks (binding at spawn made W1 touch 10,000 cold stack pages per op).
+    /// same few cache-hot stacks (binding at spawn touched a cold stack page per spawn).
     co: UnsafeCell<Option<Co>>,
     /// The stack pointer just before the fiber last switched out to park (`suspend`): where
     /// the live part of a parked fiber's stack begins, less `compact::red_zone()`. Atomic so
@@ -178,9 +173,9 @@ pub(crate) struct FiberRecord {
     /// The size class of this fiber's stack.
     class: Cell<&'static SizeClass>,
     /// The fiber or thread waiting in `join`.
-    pub(crate) waiter: UnsafeCell<Option<park::Fiber>>,
+    pub(crate) waiter: UnsafeCell<Option<handle::Fiber>>,
     /// The scope this fiber belongs to, told once its result is taken or dropped.
-    pub(crate) scope: UnsafeCell<Option<Arc<crate::scope::ScopeData>>>,
+    pub(crate) scope: UnsafeCell<Option<Arc<scope_data::ScopeData>>>,
     /// The runtime this fiber belongs to; holds one counted reference while the record is live.
     runtime: UnsafeCell<Option<RuntimeRef>>,
     name: UnsafeCell<Option<Box<str>>>,
@@ -193,7 +188,7 @@ pub(crate) struct FiberRecord {
     /// Link of a carrier's inbox (`scheduler/inbox.rs`), where this fiber waits when a thread
     /// other than its home carrier makes it runnable. Meaningful only while it is queued there
     /// (it holds its run reference then, so it is in no other queue).
-    pub(crate) inbox_next: crate::sync::loom::AtomicUsize,
+    pub(crate) inbox_next: crate::loom::AtomicUsize,
 }
 
 /// The layout the comments in `FiberRecord` describe, checked when the crate builds: the
@@ -248,7 +243,7 @@ pub(crate) struct Init {
     pub(crate) runtime: RuntimeRef,
     pub(crate) class: &'static SizeClass,
     pub(crate) vtable: &'static StageVTable,
-    pub(crate) scope: Option<Arc<crate::scope::ScopeData>>,
+    pub(crate) scope: Option<Arc<scope_data::ScopeData>>,
     /// The coarse clock at spawn (0 with fiber roots off).
     pub(crate) since: u64,
     /// See `FiberRecord::depth`.
@@ -285,7 +280,7 @@ impl FiberRecord {
             home: AtomicUsize::new(NO_HOME),
             pin_depth: Cell::new(0),
             timer_gen: AtomicU64::new(0),
-            inbox_next: crate::sync::loom::AtomicUsize::new(0),
+            inbox_next: crate::loom::AtomicUsize::new(0),
             cancelled: AtomicBool::new(false),
             locals: local::Locals::default(),
             spawns: Cell::new(0),
@@ -346,7 +341,7 @@ impl FiberRecord {
         r.since.store(init.since, Ordering::Relaxed);
         r.carrier.store(u32::MAX, Ordering::Relaxed);
         // The last incarnation's, else: the carrier prefetches it before a first run, and a
-        // stale one may lie in a trimmed stack, costing a page walk for nothing (W7's profile).
+        // stale one may lie in a trimmed stack, costing a page walk for nothing.
         r.parked_sp.store(0, Ordering::Relaxed);
         r.lent.set(0);
         // Release: a dump that upgrades this record (`FiberRef::upgrade`) sees the fields above.
@@ -425,7 +420,7 @@ impl FiberRecord {
         self.parked_sp.store(compact::stack_pointer(), Ordering::Relaxed);
         let y = self.yielder.get();
         debug_assert!(!y.is_null(), "suspend before the fiber started");
-        // What the resume passes in is this fiber's own record: only `builder::fiber_loop`,
+        // What the resume passes in is this fiber's own record: only `coroutine::fiber_loop`,
         // between fibers, is resumed for another.
         // SAFETY: the yielder lives on the coroutine's own stack for the coroutine's whole life
         // (which spans its fibers') and was stored by the fiber when it started; we are that
@@ -453,7 +448,7 @@ impl FiberRecord {
     /// queued. A yield leaves the state word `RUNNING`: only the queue entry's owner can run
     /// the fiber, as after a claim, and an unpark meanwhile leaves its token as it would on a
     /// `RUNNABLE` fiber. That saves the two locked operations of a round trip through
-    /// `RUNNABLE` (the W5 profile put them at a third of the carrier's switch code). A new
+    /// `RUNNABLE` (a large share of the carrier's switch code: `arch/fiber.md`). A new
     /// fiber starts out the same way (`init`): nobody but its queue entry's owner can run it
     /// either, and an unpark before its first run leaves a token on `RUNNING` as on `RUNNABLE`.
     pub(crate) fn set_yielded(&self) {
@@ -557,137 +552,7 @@ impl FiberRecord {
         // SAFETY: exclusive, as above.
         let rt = unsafe { (*self.runtime.get()).take() }.expect("a live fiber belongs to a runtime");
         // The pool belongs to the runtime, which our reference keeps alive until the end.
-        crate::scheduler::recycle_record(rt, ptr);
-    }
-}
-
-/// A counted reference to a [`FiberRecord`] (the runtime's own `Arc`, so that the last drop
-/// recycles the record instead of freeing it).
-#[repr(transparent)] // `park::Fiber` reads its pointer as one
-pub(crate) struct FiberRef(NonNull<FiberRecord>);
-
-// SAFETY: `FiberRecord` is `Send + Sync` (see its impls); the count keeps it alive.
-unsafe impl Send for FiberRef {}
-// SAFETY: as above.
-unsafe impl Sync for FiberRef {}
-
-impl FiberRef {
-    pub(crate) fn as_ptr(this: &FiberRef) -> *const FiberRecord {
-        this.0.as_ptr()
-    }
-
-    /// Gives up the reference as a raw pointer (for an atomic slot); see `from_raw`.
-    pub(crate) fn into_raw(this: FiberRef) -> *mut FiberRecord {
-        let p = this.0.as_ptr();
-        std::mem::forget(this);
-        p
-    }
-
-    /// Takes back a reference given up by `into_raw`; `None` for null.
-    ///
-    /// # Safety
-    /// `p` is null or came from `into_raw`, and is taken back once.
-    pub(crate) unsafe fn from_raw(p: *mut FiberRecord) -> Option<FiberRef> {
-        NonNull::new(p).map(FiberRef)
-    }
-
-    /// Takes a new reference to the record at `ptr`.
-    ///
-    /// # Safety
-    /// `ptr` must point to a live record (someone holds a reference for the duration).
-    pub(crate) unsafe fn clone_from_ptr(ptr: *const FiberRecord) -> FiberRef {
-        // SAFETY: live by the caller's guarantee.
-        let r = unsafe { &*ptr };
-        r.refs.fetch_add(1, Ordering::Relaxed);
-        FiberRef(NonNull::from(r))
-    }
-}
-
-impl FiberRef {
-    /// Takes a reference to the record at `ptr` if it describes a fiber now (its count is not
-    /// zero), as `Weak::upgrade` does; `None` for a record sitting unused in a pool. Used by
-    /// dumps, which walk every record the runtime ever allocated.
-    ///
-    /// # Safety
-    /// `ptr` must point to a record that stays allocated for the call (records are freed only
-    /// when their runtime's state is, see `scheduler::roots`).
-    pub(crate) unsafe fn upgrade(ptr: NonNull<FiberRecord>) -> Option<FiberRef> {
-        // SAFETY: allocated, by the caller's guarantee; only its atomics are touched here.
-        let refs = unsafe { &ptr.as_ref().refs };
-        let mut n = refs.load(Ordering::Relaxed);
-        loop {
-            if n == 0 {
-                return None;
-            }
-            // Acquire pairs with the Release store in `init`: the fields that describe this
-            // fiber are visible before we read them.
-            match refs.compare_exchange_weak(n, n + 1, Ordering::Acquire, Ordering::Relaxed) {
-                Ok(_) => return Some(FiberRef(ptr)),
-                Err(actual) => n = actual,
-            }
-        }
-    }
-}
-
-impl FiberRef {
-    /// The run reference of a fiber that the caller just made runnable from parked (a
-    /// `notify` or `end_compaction` that returned true). The carrier that parked the fiber
-    /// left its own reference with the parked fiber instead of dropping it
-    /// (`Carrier::run_claimed`), and whoever makes it runnable takes that reference over: a
-    /// park and the unpark that ends it touch the count not at all (they cost a locked
-    /// decrement and increment on the record's line before).
-    ///
-    /// # Safety
-    /// The caller won the fiber's transition from parked to runnable (only one party can),
-    /// and takes its reference once for that transition.
-    pub(crate) unsafe fn take_parked_ref(r: &FiberRecord) -> FiberRef {
-        FiberRef(NonNull::from(r))
-    }
-
-    /// Drops `this` (the carrier's reference to a fiber that just finished) together with the
-    /// fiber's reference to itself: one atomic operation for both.
-    pub(crate) fn release_finished(this: FiberRef) {
-        let ptr = this.0;
-        std::mem::forget(this);
-        // SAFETY: the record is live (we hold two of its references, given up here).
-        let r = unsafe { ptr.as_ref() };
-        // Release/Acquire as in `Drop`.
-        if r.refs.fetch_sub(2, Ordering::Release) == 2 {
-            fence(Ordering::Acquire);
-            r.recycle(ptr);
-        }
-    }
-}
-
-impl Clone for FiberRef {
-    fn clone(&self) -> FiberRef {
-        // Relaxed, as `Arc::clone`: a new reference is made from an existing one.
-        self.refs.fetch_add(1, Ordering::Relaxed);
-        FiberRef(self.0)
-    }
-}
-
-impl std::ops::Deref for FiberRef {
-    type Target = FiberRecord;
-    fn deref(&self) -> &FiberRecord {
-        // SAFETY: the count keeps the record live and not reused while `self` exists.
-        unsafe { self.0.as_ref() }
-    }
-}
-
-impl Drop for FiberRef {
-    fn drop(&mut self) {
-        // Release/Acquire as in `Arc::drop`: every use happens before the record is reused.
-        if self.refs.fetch_sub(1, Ordering::Release) == 1 {
-            fence(Ordering::Acquire);
-            self.recycle(self.0);
-        }
-    }
-}
-
-impl std::fmt::Debug for FiberRef {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        (**self).fmt(f)
+        RuntimeRef::recycle(rt, ptr);
     }
 }
 

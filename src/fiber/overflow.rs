@@ -12,12 +12,12 @@ use std::fmt::Write as _;
 use std::sync::OnceLock;
 
 use super::stack::ARENAS;
+use crate::fiber::context;
 use crate::platform::signal;
-use crate::runtime::context;
 
 struct Previous {
-    segv: libc::sigaction,
-    bus: libc::sigaction,
+    segv: signal::Action,
+    bus: signal::Action,
 }
 
 static PREVIOUS: OnceLock<Previous> = OnceLock::new();
@@ -26,15 +26,10 @@ static PREVIOUS: OnceLock<Previous> = OnceLock::new();
 pub(crate) fn install_handler() {
     PREVIOUS.get_or_init(|| {
         // Failing to install only loses the nicer message; the guard page still stops the fault.
-        let segv = signal::install(libc::SIGSEGV, on_fault).unwrap_or_else(|_| zeroed());
-        let bus = signal::install(libc::SIGBUS, on_fault).unwrap_or_else(|_| zeroed());
+        let segv = signal::install(signal::SIGSEGV, on_fault).unwrap_or_else(|_| signal::default_action());
+        let bus = signal::install(signal::SIGBUS, on_fault).unwrap_or_else(|_| signal::default_action());
         Previous { segv, bus }
     });
-}
-
-fn zeroed() -> libc::sigaction {
-    // SAFETY: an all-zero sigaction is SIG_DFL with no flags.
-    unsafe { std::mem::MaybeUninit::zeroed().assume_init() }
 }
 
 /// Gives a carrier an alternate signal stack if it has none (std gives one to its own threads
@@ -58,9 +53,9 @@ impl std::fmt::Write for Buf {
     }
 }
 
-extern "C" fn on_fault(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut libc::c_void) {
+extern "C" fn on_fault(sig: signal::Signo, info: *mut signal::SigInfo, ctx: *mut signal::Context) {
     // SAFETY: the kernel passes a valid siginfo to an SA_SIGINFO handler.
-    let addr = unsafe { (*info).si_addr() } as usize;
+    let addr = unsafe { signal::fault_addr(info) };
     if let Some(usable) = ARENAS.guard_hit(addr) {
         let mut b = Buf { bytes: [0; 1024], len: 0 };
         let _ = write!(b, "\nfiber ");
@@ -90,20 +85,8 @@ extern "C" fn on_fault(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut l
     // Not ours: hand the fault to whoever handled it before (std's handler reports the
     // thread's own guard page, and otherwise restores the default action).
     let Some(prev) = PREVIOUS.get() else { return };
-    let action = if sig == libc::SIGBUS { &prev.bus } else { &prev.segv };
-    let h = action.sa_sigaction;
-    if h == libc::SIG_DFL || h == libc::SIG_IGN {
-        // Re-install it; returning re-executes the faulting instruction, which now faults
-        // with the default action (the process dies with SIGSEGV, as it would have).
-        signal::restore(sig, action);
-    } else if action.sa_flags & libc::SA_SIGINFO != 0 {
-        // SAFETY: the previous handler was installed as an SA_SIGINFO handler with this type.
-        let f: signal::Handler = unsafe { std::mem::transmute::<usize, signal::Handler>(h) };
-        f(sig, info, ctx);
-    } else {
-        // SAFETY: a plain (non-SA_SIGINFO) handler takes the signal number.
-        let f: extern "C" fn(libc::c_int) =
-            unsafe { std::mem::transmute::<usize, extern "C" fn(libc::c_int)>(h) };
-        f(sig);
-    }
+    let action = if sig == signal::SIGBUS { &prev.bus } else { &prev.segv };
+    // SAFETY: `action` is what `install` returned for `sig`, and we are in `sig`'s handler with
+    // the kernel's `info` and `ctx`.
+    unsafe { signal::chain(sig, action, info, ctx) };
 }

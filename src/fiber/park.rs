@@ -1,4 +1,5 @@
-//! The one door to blocking: `park`/`unpark`, `yield_now`, `sleep`, and the `Fiber` handle.
+//! The one door to blocking: `park` and `yield_now` (`sleep` is a timed park: `sleep.rs`; the
+//! `Fiber` handle, whose `unpark` ends a park, is `handle.rs`).
 //!
 //! Inside a fiber these switch to the carrier, which runs other fibers meanwhile; on a plain
 //! OS thread they fall back to `std::thread`'s, so code written against them works in both.
@@ -9,269 +10,40 @@
 //! the panic count per OS thread, and another fiber on the same carrier would see it. Such a
 //! park waits on the carrier thread instead (the supervisor compensates for a long wait).
 
-use std::fmt;
-use std::num::NonZeroU64;
+use std::marker::PhantomData;
 use std::ptr::NonNull;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use super::{FiberRecord, FiberRef, Suspend};
-use crate::diagnostics::{PlainCall, WAIT_TIMED, WaitReason};
-use crate::runtime::context;
-use crate::scheduler::Wake;
+use super::context;
+use super::handle::Fiber;
+use super::schedule::{RuntimeRef, Schedule};
+use super::wait::{PlainCall, WAIT_TIMED, WaitReason, plain_activity};
+use super::{FiberRecord, Suspend};
 
-/// A fiber's identifier: unique for the life of the process, never reused, and ordered by
-/// creation within each carrier's block of ids (blocks are handed out in increasing order).
-/// Plain OS threads that call [`current`](crate::current) get one too.
-#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct FiberId(NonZeroU64);
+/// The fiber running this code, borrowed from a guard that lives in the fiber's own frame: the
+/// record outlives the fiber's run (its carrier holds a reference while it runs, its parked
+/// state while it is parked), and the guard (`!Send`, a local) cannot outlive the frame.
+pub(super) struct Me {
+    rec: NonNull<FiberRecord>,
+    /// The runtime's drop is unwinding this fiber (`context::running_fiber`).
+    pub(super) cancelling: bool,
+    _in_this_frame: PhantomData<*const ()>,
+}
 
-impl FiberId {
-    /// Stands in an unused record; never handed out (ids start at 1, this is `u64::MAX`).
-    pub(crate) const PLACEHOLDER: FiberId = FiberId(NonZeroU64::MAX);
-
-    /// The id as a number, e.g. for logs.
-    pub fn as_u64(self) -> u64 {
-        self.0.get()
+impl Me {
+    #[inline(always)]
+    pub(super) fn record(&self) -> &FiberRecord {
+        // SAFETY: see the type's doc: the record lives at least as long as this guard.
+        unsafe { self.rec.as_ref() }
     }
 }
 
-impl fmt::Debug for FiberId {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "FiberId({})", self.0)
-    }
-}
-
-impl fmt::Display for FiberId {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}", self.0)
-    }
-}
-
-/// Ids are handed out in blocks so that spawning touches no counter shared by all carriers.
-pub(crate) const ID_BLOCK: u64 = 1024;
-static NEXT_ID_BLOCK: AtomicU64 = AtomicU64::new(1);
-
-/// Reserves a block of ids `[start, start + ID_BLOCK)`.
-pub(crate) fn reserve_ids() -> (u64, u64) {
-    let start = NEXT_ID_BLOCK.fetch_add(ID_BLOCK, Ordering::Relaxed);
-    (start, start + ID_BLOCK)
-}
-
-/// Takes the next id from a block, refilling it when it runs out.
-#[inline]
-pub(crate) fn next_id(block: &mut (u64, u64)) -> FiberId {
-    if block.0 == block.1 {
-        *block = reserve_ids();
-    }
-    let id = block.0;
-    block.0 += 1;
-    FiberId(NonZeroU64::new(id).expect("ids start at 1"))
-}
-
-/// A handle to a fiber (or to a plain OS thread that asked for [`current`]): its id, its name,
-/// and [`unpark`](Fiber::unpark). Cheap to clone; `Send + Sync`.
-///
-/// One word: a fiber's counted record pointer, or (low bit set) an `Arc` of a plain thread's
-/// handle and id. A [`JoinHandle`](crate::JoinHandle) holds one, so a spawn returns its handle
-/// in a register; as an enum of two words it went through memory, and the caller's 16-byte
-/// load of it missed store forwarding on every spawn (W1's profile).
-pub struct Fiber {
-    tagged: NonNull<()>,
-}
-
-/// The low bit of `Fiber::tagged` for a plain thread (records and `Arc`s are 8-aligned).
-const THREAD_TAG: usize = 1;
-
-/// What a `Fiber` of a plain thread points to.
-struct PlainThread {
-    thread: std::thread::Thread,
-    id: FiberId,
-}
-
-/// A `Fiber` taken apart, borrowed from it.
-enum View<'a> {
-    Fiber(&'a FiberRef),
-    Thread(&'a PlainThread),
-}
-
-// SAFETY: both things a `Fiber` can own, a `FiberRef` and an `Arc<PlainThread>`, are `Send`
-// and `Sync`; the tag only says which one it is.
-unsafe impl Send for Fiber {}
-// SAFETY: as above.
-unsafe impl Sync for Fiber {}
-
-const _: () = assert!(std::mem::align_of::<FiberRecord>() > THREAD_TAG);
-const _: () = assert!(std::mem::align_of::<PlainThread>() > THREAD_TAG);
-const _: () = assert!(std::mem::size_of::<Option<Fiber>>() == std::mem::size_of::<usize>());
-
-impl Fiber {
-    pub(crate) fn from_record(rec: FiberRef) -> Fiber {
-        let p = FiberRef::into_raw(rec);
-        // SAFETY: `into_raw` gives the record's pointer, never null.
-        Fiber { tagged: unsafe { NonNull::new_unchecked(p.cast()) } }
-    }
-
-    /// Gives up the handle as one pointer, its count included (a waker's data: `future.rs`).
-    pub(crate) fn into_raw(self) -> *const () {
-        std::mem::ManuallyDrop::new(self).tagged.as_ptr()
-    }
-
-    /// Takes back a handle given up by [`Fiber::into_raw`].
-    ///
-    /// # Safety
-    /// `p` comes from `into_raw`, and each such pointer is taken back once.
-    pub(crate) unsafe fn from_raw(p: *const ()) -> Fiber {
-        // SAFETY: `into_raw` gave the non-null `tagged` pointer, with the count it owns.
-        Fiber { tagged: unsafe { NonNull::new_unchecked(p.cast_mut()) } }
-    }
-
-    fn from_thread(thread: std::thread::Thread, id: FiberId) -> Fiber {
-        let p = Arc::into_raw(Arc::new(PlainThread { thread, id })).cast_mut();
-        // SAFETY: an `Arc`'s pointer is non-null and 8-aligned, so the tagged one is non-null.
-        Fiber { tagged: unsafe { NonNull::new_unchecked(p.map_addr(|a| a | THREAD_TAG).cast()) } }
-    }
-
-    fn view(&self) -> View<'_> {
-        let p = self.tagged.as_ptr();
-        if p.addr() & THREAD_TAG == 0 {
-            // SAFETY: untagged, `tagged` is the pointer of a `FiberRef` this handle owns, and
-            // `FiberRef` is a transparent wrapper of that pointer: the field can be read as one.
-            View::Fiber(unsafe { &*(&self.tagged as *const NonNull<()>).cast::<FiberRef>() })
-        } else {
-            // SAFETY: tagged, it is `Arc::into_raw` of a `PlainThread` this handle owns.
-            View::Thread(unsafe { &*p.map_addr(|a| a & !THREAD_TAG).cast::<PlainThread>() })
-        }
-    }
-
-    /// This fiber's id.
-    pub fn id(&self) -> FiberId {
-        match self.view() {
-            View::Fiber(r) => r.id(),
-            View::Thread(t) => t.id,
-        }
-    }
-
-    /// The name given by [`Builder::name`](crate::Builder::name), or the thread's name.
-    pub fn name(&self) -> Option<&str> {
-        match self.view() {
-            View::Fiber(r) => r.name(),
-            View::Thread(t) => t.thread.name(),
-        }
-    }
-
-    /// Makes the fiber's token available: if it is parked it becomes runnable, otherwise its
-    /// next `park` returns at once. Called from a fiber, the woken fiber runs next on the
-    /// caller's carrier (a direct hand-off that keeps caches warm).
-    pub fn unpark(&self) {
-        match self.view() {
-            View::Fiber(r) => unpark_record(r),
-            View::Thread(t) => t.thread.unpark(),
-        }
-    }
-
-    /// Wakes a fiber waiting in `join` for a fiber that just finished: it goes to the back of
-    /// the run queue, not into the LIFO slot (see `Wake::Joiner`).
-    pub(crate) fn unpark_joiner(&self) {
-        match self.view() {
-            View::Fiber(r) => wake_record(r, Wake::Joiner),
-            View::Thread(t) => t.thread.unpark(),
-        }
-    }
-
-    /// Whether this handle is for the fiber running this code. The handle counts its record,
-    /// so an equal pointer cannot be another fiber that reuses the record.
-    pub(crate) fn is_running_fiber(&self) -> bool {
-        match self.view() {
-            View::Fiber(r) => std::ptr::eq(FiberRef::as_ptr(r), context::current_fiber()),
-            View::Thread(_) => false,
-        }
-    }
-
-    pub(crate) fn record(&self) -> Option<&FiberRef> {
-        match self.view() {
-            View::Fiber(r) => Some(r),
-            View::Thread(_) => None,
-        }
-    }
-}
-
-impl Clone for Fiber {
-    fn clone(&self) -> Fiber {
-        match self.view() {
-            View::Fiber(r) => Fiber::from_record(r.clone()),
-            View::Thread(_) => {
-                let p = self.tagged.as_ptr().map_addr(|a| a & !THREAD_TAG).cast::<PlainThread>();
-                // SAFETY: `p` is a live `Arc<PlainThread>`'s pointer (this handle owns a count).
-                unsafe { Arc::increment_strong_count(p) };
-                Fiber { tagged: self.tagged }
-            }
-        }
-    }
-}
-
-impl Drop for Fiber {
-    fn drop(&mut self) {
-        let p = self.tagged.as_ptr();
-        if p.addr() & THREAD_TAG == 0 {
-            // SAFETY: the `FiberRef` this handle owns, given up by `from_record`; taken back once.
-            drop(unsafe { FiberRef::from_raw(p.cast()) });
-        } else {
-            // SAFETY: the `Arc` count this handle owns (`from_thread`, `clone`); given up once.
-            drop(unsafe { Arc::from_raw(p.map_addr(|a| a & !THREAD_TAG).cast::<PlainThread>()) });
-        }
-    }
-}
-
-impl fmt::Debug for Fiber {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Fiber").field("id", &self.id()).field("name", &self.name()).finish()
-    }
-}
-
-pub(crate) fn unpark_record(r: &FiberRef) {
-    wake_record(r, Wake::Unpark);
-}
-
-fn wake_record(r: &FiberRef, wake: Wake) {
-    if r.notify() {
-        // SAFETY: `notify` returned true: we moved the fiber from parked to runnable.
-        let run = unsafe { FiberRef::take_parked_ref(r) };
-        crate::scheduler::schedule(run, wake);
-    }
-}
-
-/// The calling fiber, or the calling thread when it is not a fiber. Inside a fiber,
-/// `std::thread::current()` is the carrier thread that runs it (its name is the carrier's, such
-/// as `vt-carrier-0`); this is the fiber, with the name given to `vt::Builder::name` or
-/// `ThreadPool::with_name`.
-pub fn current() -> Fiber {
-    let rec = context::current_fiber();
-    if rec.is_null() {
-        let id = context::with_plain(|p| {
-            if p.id == 0 {
-                p.id = next_id(&mut p.ids).as_u64();
-            }
-            p.id
-        });
-        let id = FiberId(NonZeroU64::new(id).expect("ids start at 1"));
-        return Fiber::from_thread(std::thread::current(), id);
-    }
-    // SAFETY: `current_fiber` returned the record of the fiber running on this thread; the
-    // carrier holds a reference to it while the fiber runs, so it is live.
-    let rec = unsafe { FiberRef::clone_from_ptr(rec) };
-    Fiber::from_record(rec)
-}
-
-/// The running fiber's record, or `None` on a plain thread, and whether the runtime's drop is
-/// unwinding it (`context::running_fiber`). Valid until the next switch point, but the record
-/// itself lives at least as long as the fiber runs.
-fn running() -> Option<(&'static FiberRecord, bool)> {
+/// The running fiber, or `None` on a plain thread.
+#[inline(always)]
+pub(super) fn running() -> Option<Me> {
     let (rec, cancelling) = context::running_fiber();
-    // SAFETY: see `current`: the record outlives the fiber's run, and callers use the
-    // reference only while the fiber runs (the 'static is a local convenience, never stored).
-    (!rec.is_null()).then(|| (unsafe { &*rec }, cancelling))
+    NonNull::new(rec.cast_mut()).map(|rec| Me { rec, cancelling, _in_this_frame: PhantomData })
 }
 
 /// Blocks the calling fiber until its token is available (see [`Fiber::unpark`]); may return
@@ -294,8 +66,8 @@ pub fn park_timeout(dur: Duration) {
 /// a finishing fiber can end).
 pub(crate) fn park_for(reason: WaitReason, deadline: Option<Instant>) {
     match running() {
-        Some((rec, cancelling)) => {
-            park_fiber(rec, cancelling, reason, deadline);
+        Some(me) => {
+            park_fiber(me.record(), me.cancelling, reason, deadline);
         }
         None => {
             let _call = (!reason.waits_for_fibers()).then(PlainCall::enter);
@@ -310,7 +82,12 @@ pub(crate) fn park_for(reason: WaitReason, deadline: Option<Instant>) {
 /// Returns true when the park ended because its deadline passed (its timer fired), so that a
 /// sleep need not read the clock again.
 #[inline(never)]
-fn park_fiber(rec: &FiberRecord, cancelling: bool, reason: WaitReason, deadline: Option<Instant>) -> bool {
+pub(super) fn park_fiber(
+    rec: &FiberRecord,
+    cancelling: bool,
+    reason: WaitReason,
+    deadline: Option<Instant>,
+) -> bool {
     if rec.take_token() {
         return false;
     }
@@ -319,7 +96,7 @@ fn park_fiber(rec: &FiberRecord, cancelling: bool, reason: WaitReason, deadline:
         // thread, or the dropping thread): nothing will ever run it again. Whatever it waits for (a scoped fiber, a joined one)
         // can only finish by being unwound too, so unwind another fiber, then return (a
         // spurious wake-up: the caller re-checks its condition).
-        if !crate::runtime::cancel_one(rec.runtime()) {
+        if !rec.runtime().cancel_one() {
             std::thread::sleep(Duration::from_millis(1)); // waits on a plain thread, if anything
         }
         return false;
@@ -329,15 +106,15 @@ fn park_fiber(rec: &FiberRecord, cancelling: bool, reason: WaitReason, deadline:
         return false;
     }
     rec.wait.store(reason.code() | if deadline.is_some() { WAIT_TIMED } else { 0 }, Ordering::Relaxed);
-    if let Some(now) = rec.runtime().clock.stamp() {
+    if let Some(now) = rec.runtime().stamp() {
         rec.since.store(now, Ordering::Relaxed);
     }
-    let armed = deadline.map(|d| crate::time::arm_timer(rec, d));
+    let armed = deadline.map(|d| RuntimeRef::arm_timer(rec, d));
     rec.suspend(Suspend::Park);
     // Disarm, unless the timer fired: the timer and this fiber race to move the generation on
     // (`time::fire`), and whoever wins owns the park's end. A timer that fires later must not
     // wake a later park.
-    armed.is_some_and(|g| !crate::time::disarm(rec, g))
+    armed.is_some_and(|g| !RuntimeRef::disarm(rec, g))
 }
 
 /// How long a fiber being unwound by its runtime's drop waits for its borrowers on the thread
@@ -421,65 +198,15 @@ fn park_unwinding(rec: &FiberRecord, deadline: Option<Instant>) {
 /// On a plain thread this is `std::thread::yield_now`.
 pub fn yield_now() {
     match running() {
-        Some((rec, false)) if !std::thread::panicking() => {
+        Some(me) if !me.cancelling && !std::thread::panicking() => {
+            let rec = me.record();
             rec.spawns.set(0);
             rec.suspend(Suspend::Yield);
         }
         Some(_) => {}
         None => {
-            crate::diagnostics::plain_activity();
+            plain_activity();
             std::thread::yield_now();
-        }
-    }
-}
-
-/// Puts the calling fiber to sleep for at least `dur`; its carrier runs other fibers meanwhile.
-/// On a plain thread this is `std::thread::sleep`.
-pub fn sleep(dur: Duration) {
-    let Some((rec, cancelling)) = running() else {
-        let _call = PlainCall::enter();
-        std::thread::sleep(dur);
-        return;
-    };
-    let now = Instant::now();
-    let Some(deadline) = now.checked_add(dur) else {
-        // "For ever": park until the runtime's drop unwinds this fiber.
-        while context::cancelling().is_null() {
-            park_for(WaitReason::Sleep, None);
-        }
-        return;
-    };
-    if now < deadline {
-        // The first park without a second clock read (one per sleep showed in W7's profile);
-        // if its own timer ended it, the deadline has passed and there is nothing to re-check.
-        if park_fiber(rec, cancelling, WaitReason::Sleep, Some(deadline)) || !context::cancelling().is_null()
-        {
-            return;
-        }
-    }
-    sleep_until(deadline);
-}
-
-/// Puts the calling fiber to sleep until `deadline`.
-pub fn sleep_until(deadline: Instant) {
-    loop {
-        let now = Instant::now();
-        if now >= deadline {
-            return;
-        }
-        match running() {
-            Some((rec, cancelling)) => {
-                if park_fiber(rec, cancelling, WaitReason::Sleep, Some(deadline)) {
-                    return;
-                }
-            }
-            None => {
-                let _call = PlainCall::enter();
-                std::thread::sleep(deadline - now);
-            }
-        }
-        if !context::cancelling().is_null() {
-            return;
         }
     }
 }

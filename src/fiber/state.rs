@@ -1,16 +1,23 @@
 //! A fiber's state word and its legal transitions, apart from everything else in the record so
-//! that loom can check them (the models at the foot of this file; `arch/loom.md`).
+//! that loom can check them (the models at the foot of this file; `arch/loom.md`). The one
+//! diagram of a fiber's life (`fiber/mod.rs` and `arch/fiber.md` point here):
 //!
 //! ```text
-//!   spawn ──► RUNNABLE ──(carrier pops it)──► RUNNING ──(returns)──► DONE
-//!                ▲                             │   │
-//!                │ unpark: PARKED → RUNNABLE    │   └─(yield_now)──► stays RUNNING, queued
-//!                └──────────── PARKED ◄─────────┘ park (the carrier CASes RUNNING → PARKED
-//!                                                  after the switch, so a fiber is never
-//!                                                  resumed while it is still switching out)
+//!   spawn ──► RUNNING, queued ──(carrier pops it: no CAS)──► RUNNING ──(returns)──► DONE
+//!                                                         ▲   │   │
+//!     RUNNABLE ──(carrier pops it, claims: CAS)───────────┘   │   └─(yield_now)──► RUNNING, queued
+//!        ▲ unpark: PARKED → RUNNABLE                          │
+//!        └────────────────── PARKED ◄─────────────────────────┘ park (the carrier CASes RUNNING
+//!                             │   ▲                               → PARKED after the switch, so a
+//!            compactor claims ▼   │ lets go (COMPACTED set         fiber is never resumed while it
+//!                          COMPACTING  if it saved the stack)      is still switching out)
 //! ```
-//! `NOTIFIED` is a flag beside the state: an `unpark` that finds the fiber not parked leaves a
-//! token that its next `park` consumes, so no wake-up is lost. See `arch/fiber.md`.
+//! "RUNNING, queued" is `RUNNING` in this word while the record's `queued_running` flag is set
+//! (`FiberRecord::set_yielded`, `try_claim`): a new or yielded fiber sits in a queue, and only
+//! the queue entry's owner can run it, so popping it needs no CAS. The flag lives beside the
+//! word, not in it, and the loom models here cover the word alone. `NOTIFIED` is a flag beside
+//! the state: an `unpark` that finds the fiber not parked (running, queued, or compacting)
+//! leaves a token that its next `park` consumes, so no wake-up is lost. See `arch/fiber.md`.
 //!
 //! Stack compaction (`compact.rs`, `arch/compaction.md`) adds a state and a flag. The
 //! compactor claims a parked fiber with `PARKED → COMPACTING`, so that nobody resumes it while
@@ -20,7 +27,7 @@
 //! tells the claimer to copy the stack back before resuming the fiber. For everyone but the
 //! compactor, `COMPACTING` reads as `PARKED` (`state`).
 
-use crate::sync::loom::{self, AtomicU32, Ordering};
+use crate::loom::{self, AtomicU32, Ordering};
 
 pub(crate) const RUNNING: u32 = 0;
 pub(crate) const RUNNABLE: u32 = 1;
@@ -237,7 +244,7 @@ mod loom_tests {
     use ::loom::thread;
 
     use super::*;
-    use crate::sync::loom::{Arc, AtomicBool, AtomicUsize};
+    use crate::loom::{Arc, AtomicBool, AtomicUsize};
 
     struct Fiber {
         state: StateWord,

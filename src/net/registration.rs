@@ -228,7 +228,7 @@ impl Registration {
 
     /// Whether the calling thread is a carrier of this registration's runtime.
     pub(crate) fn runtime_is_current(&self) -> bool {
-        let c = crate::runtime::context::carrier();
+        let c = crate::scheduler::carrier::here();
         // SAFETY: a non-null carrier pointer is this thread's live carrier.
         !c.is_null() && std::ptr::eq(unsafe { (*c).shared() }, self.rt.ptr())
     }

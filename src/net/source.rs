@@ -28,8 +28,8 @@ use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use super::registration::{Registration, Wait};
+use crate::fiber::context;
 use crate::platform::net::{self as sys, Direction};
-use crate::runtime::context;
 
 /// How the calling code waits for readiness.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -287,7 +287,7 @@ impl<S: AsFd> IoSource<S> {
         if self.reg.get().is_some() {
             return Ok(());
         }
-        let c = context::carrier();
+        let c = crate::scheduler::carrier::here();
         debug_assert!(!c.is_null(), "registration outside a carrier");
         // SAFETY: the caller is a fiber (`Waiter::Fiber`), so this thread is a carrier and `c`
         // its live `Carrier`; it is used before any switch point (nothing here parks).

@@ -1,4 +1,4 @@
-//! The only module that calls `libc`: thin `io::Result` wrappers, one `unsafe` block per call.
+//! The only module that calls `libc` or `core_affinity`: thin `io::Result` wrappers, one `unsafe` block per call.
 //!
 //! `build.rs` already rejects targets without epoll, so there is a single implementation here
 //! (Linux and Android share it).
@@ -120,6 +120,40 @@ pub(crate) fn map_count() -> usize {
 /// the raw core count (std's `available_parallelism` reads both on Linux; Go's GOMAXPROCS lesson).
 pub(crate) fn usable_cpus() -> usize {
     std::thread::available_parallelism().map_or(1, |n| n.get())
+}
+
+/// The calling thread's kernel id (for `/proc/self/task/<tid>/stat`).
+pub(crate) fn gettid() -> i32 {
+    // SAFETY: gettid has no preconditions.
+    unsafe { libc::gettid() }
+}
+
+/// Clock ticks per second of procfs' CPU times (`sysconf(_SC_CLK_TCK)`; -1 if unknown).
+pub(crate) fn clock_ticks_per_sec() -> libc::c_long {
+    // SAFETY: sysconf has no preconditions.
+    unsafe { libc::sysconf(libc::_SC_CLK_TCK) }
+}
+
+/// Runs `handler` in the child after every `fork`.
+///
+/// # Safety
+/// `handler` is async-signal-safe (the child of a multithreaded process may call only such).
+pub(crate) unsafe fn after_fork_in_child(handler: extern "C" fn()) {
+    // SAFETY: the caller's contract.
+    unsafe { libc::pthread_atfork(None, None, Some(handler)) };
+}
+
+/// A CPU a carrier can be pinned to.
+pub(crate) type CoreId = core_affinity::CoreId;
+
+/// The CPUs this process may run on, for pinning (empty if unknown).
+pub(crate) fn core_ids() -> Vec<CoreId> {
+    core_affinity::get_core_ids().unwrap_or_default()
+}
+
+/// Pins the calling thread to `core`; false if the OS refused.
+pub(crate) fn pin_to(core: CoreId) -> bool {
+    core_affinity::set_for_current(core)
 }
 
 /// Explains running out of descriptors, which the bare OS error ("Too many open files") does

@@ -1,13 +1,64 @@
 //! Signal plumbing: for the stack-overflow report, a SIGSEGV/SIGBUS handler on an alternate
 //! signal stack, chained to whatever handler was there before; for `vt::signal`, a handler that
-//! counts a signal and wakes a forwarding thread through a pipe.
+//! counts a signal and wakes a forwarding thread through a pipe; for the SIGQUIT dump, the
+//! same with a pipe of its own.
 
 use std::io;
 use std::mem::MaybeUninit;
 use std::sync::atomic::{AtomicI32, AtomicU64, Ordering};
 
+/// A signal number.
+pub(crate) type Signo = libc::c_int;
+/// What the kernel tells an `SA_SIGINFO` handler about the signal.
+pub(crate) type SigInfo = libc::siginfo_t;
+/// The interrupted context an `SA_SIGINFO` handler receives (opaque).
+pub(crate) type Context = libc::c_void;
+/// A signal's action, as `install` returns the previous one.
+pub(crate) type Action = libc::sigaction;
+pub(crate) const SIGSEGV: Signo = libc::SIGSEGV;
+pub(crate) const SIGBUS: Signo = libc::SIGBUS;
+
 /// The handler's signature (`SA_SIGINFO`).
 pub(crate) type Handler = extern "C" fn(libc::c_int, *mut libc::siginfo_t, *mut libc::c_void);
+
+/// The default action (`SIG_DFL`, no flags), for a signal whose previous action is unknown.
+pub(crate) fn default_action() -> Action {
+    // SAFETY: an all-zero sigaction is SIG_DFL with no flags.
+    unsafe { MaybeUninit::zeroed().assume_init() }
+}
+
+/// The faulting address of a SIGSEGV or SIGBUS.
+///
+/// # Safety
+/// `info` is the siginfo the kernel passed to an `SA_SIGINFO` handler of that signal.
+pub(crate) unsafe fn fault_addr(info: *mut SigInfo) -> usize {
+    // SAFETY: the caller's contract.
+    unsafe { (*info).si_addr() as usize }
+}
+
+/// Hands a signal on to the action that handled it before `install` (std's handler reports the
+/// thread's own guard page, and otherwise restores the default action).
+///
+/// # Safety
+/// Called from `sig`'s handler, with the `info` and `ctx` the kernel passed to it; `action` is
+/// what `install` returned for `sig`.
+pub(crate) unsafe fn chain(sig: Signo, action: &Action, info: *mut SigInfo, ctx: *mut Context) {
+    let h = action.sa_sigaction;
+    if h == libc::SIG_DFL || h == libc::SIG_IGN {
+        // Re-install it; returning re-executes the faulting instruction, which now faults
+        // with the default action (the process dies with SIGSEGV, as it would have).
+        restore(sig, action);
+    } else if action.sa_flags & libc::SA_SIGINFO != 0 {
+        // SAFETY: the previous handler was installed as an SA_SIGINFO handler with this type.
+        let f: Handler = unsafe { std::mem::transmute::<usize, Handler>(h) };
+        f(sig, info, ctx);
+    } else {
+        // SAFETY: a plain (non-SA_SIGINFO) handler takes the signal number.
+        let f: extern "C" fn(libc::c_int) =
+            unsafe { std::mem::transmute::<usize, extern "C" fn(libc::c_int)>(h) };
+        f(sig);
+    }
+}
 
 /// Installs `handler` for `sig` with `SA_SIGINFO | SA_ONSTACK`, returning the previous action.
 pub(crate) fn install(sig: libc::c_int, handler: Handler) -> io::Result<libc::sigaction> {
@@ -167,4 +218,53 @@ pub(crate) fn wait_forwarded(fd: i32) -> bool {
             return false;
         }
     }
+}
+
+/// Write end of SIGQUIT's self-pipe (`install_sigquit`); -1 until installed.
+static SIGQUIT_FD: AtomicI32 = AtomicI32::new(-1);
+
+/// Whether `install_sigquit` ran.
+pub(crate) fn sigquit_installed() -> bool {
+    SIGQUIT_FD.load(Ordering::Relaxed) != -1
+}
+
+/// Makes SIGQUIT's self-pipe: (read end, write end). The caller starts its reader
+/// (`wait_forwarded`), then calls `install_sigquit` with the write end.
+pub(crate) fn sigquit_pipe() -> io::Result<(i32, i32)> {
+    let mut fds = [0i32; 2];
+    // SAFETY: `fds` is a valid array of two ints for pipe2 to fill.
+    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok((fds[0], fds[1]))
+}
+
+/// Installs the SIGQUIT handler, which writes a byte to `write_fd` per signal.
+pub(crate) fn install_sigquit(write_fd: i32) -> io::Result<()> {
+    SIGQUIT_FD.store(write_fd, Ordering::Relaxed);
+    // SAFETY: a zeroed sigaction is a valid starting value; we fill the handler and flags.
+    let mut sa: libc::sigaction = unsafe { std::mem::zeroed() };
+    sa.sa_sigaction = on_sigquit as extern "C" fn(libc::c_int) as usize;
+    sa.sa_flags = libc::SA_RESTART;
+    // SAFETY: `sa` is initialised; the handler only calls write(2), which is async-signal-safe.
+    if unsafe { libc::sigaction(libc::SIGQUIT, &sa, std::ptr::null_mut()) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+extern "C" fn on_sigquit(_: libc::c_int) {
+    // Async-signal-safe: one atomic load and write(2); errno is saved around it because the
+    // interrupted code may be about to read it.
+    let fd = SIGQUIT_FD.load(Ordering::Relaxed);
+    if fd == -1 {
+        return;
+    }
+    // SAFETY: errno's location is thread-local and valid for the thread the signal runs on.
+    let saved = unsafe { *libc::__errno_location() };
+    let byte = 1u8;
+    // SAFETY: `fd` is the pipe's write end, open for the process's life; one byte from a local.
+    unsafe { libc::write(fd, (&byte as *const u8).cast(), 1) };
+    // SAFETY: as above.
+    unsafe { *libc::__errno_location() = saved };
 }

@@ -4,6 +4,8 @@
 use std::io;
 use std::time::Duration;
 
+use super::gettid;
+
 /// The CPUs thread `tid` may run on (`sched_getaffinity`; 0: the calling thread), in
 /// increasing order; empty if the call fails.
 pub(crate) fn allowed_cpus(tid: i32) -> Vec<usize> {
@@ -50,12 +52,6 @@ pub(crate) fn set_affinity(tid: i32, cpus: &[usize]) -> io::Result<()> {
         return Err(io::Error::last_os_error());
     }
     Ok(())
-}
-
-/// The calling thread's kernel id.
-pub(crate) fn gettid() -> i32 {
-    // SAFETY: gettid has no preconditions.
-    unsafe { libc::gettid() }
 }
 
 /// How long thread `tid` of this process has waited, runnable, for a CPU since it started:

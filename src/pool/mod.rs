@@ -32,8 +32,8 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use crossbeam_deque::{Injector, Steal};
 
-use crate::fiber::builder::Builder as FiberBuilder;
-use crate::runtime::context;
+use crate::fiber::context;
+use crate::runtime::spawn::Builder as FiberBuilder;
 use crate::scheduler::RuntimeRef;
 use crate::{Fiber, JoinHandle};
 
@@ -194,7 +194,7 @@ impl ThreadPool {
         let h = s.start(Held::Job, move || {
             // Acquire pairs with the Release store in `Shared::grant`.
             while !wait.load(Ordering::Acquire) {
-                crate::fiber::park::park_for(crate::diagnostics::WaitReason::PoolSlot, None);
+                crate::fiber::park::park_for(crate::fiber::wait::WaitReason::PoolSlot, None);
             }
             shared.run_spawned(f)
         });
@@ -222,7 +222,7 @@ impl ThreadPool {
             synced.generation
         };
         while s.synced().generation == generation {
-            crate::fiber::park::park_for(crate::diagnostics::WaitReason::PoolJoin, None);
+            crate::fiber::park::park_for(crate::fiber::wait::WaitReason::PoolJoin, None);
         }
     }
 

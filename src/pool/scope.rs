@@ -68,7 +68,7 @@ impl ThreadPool {
         // Acquire pairs with the Release decrement in `ScopeState::finish`: every job's
         // effects, and the drop of its closure, happen before the scope returns.
         while scope.state.remaining.load(Ordering::Acquire) != 0 {
-            crate::fiber::park::park_for(crate::diagnostics::WaitReason::PoolJoin, None);
+            crate::fiber::park::park_for(crate::fiber::wait::WaitReason::PoolJoin, None);
         }
         match r {
             Err(p) => resume_unwind(p),

@@ -5,8 +5,8 @@ use std::io;
 use std::time::Duration;
 
 use super::Runtime;
-use super::config::{Affinity, Config};
 use crate::fiber::stack::{DEFAULT_STACK_SIZE, usable_size};
+use crate::scheduler::config::{Affinity, Config};
 
 /// Default time between two supervisor samples: 10 ms detects a blocked carrier in ~2 ticks
 /// (10–20 ms, Go's sysmon works at this scale) at ~0.15% of one core; a 1 ms tick measured

@@ -7,9 +7,7 @@
 //! `arch/overview.md` and `arch/scheduler.md` "Shutdown".
 
 pub mod builder;
-pub(crate) mod config;
-pub(crate) mod context;
-mod shutdown;
+pub(crate) mod spawn;
 
 use std::fmt;
 use std::io;
@@ -19,15 +17,14 @@ use std::sync::{Mutex, OnceLock};
 use std::thread;
 
 pub use builder::Builder;
-use config::{Affinity, Config};
 
 use crate::diagnostics::WaitReason;
 use crate::fiber::JoinHandle;
-use crate::fiber::builder::Builder as FiberBuilder;
 use crate::fiber::park::{WaitOnUnwind, finished};
+use crate::runtime::spawn::Builder as FiberBuilder;
+use crate::scheduler::config::{Affinity, Config};
+use crate::scheduler::shutdown;
 use crate::scheduler::{RuntimeRef, Shared};
-
-pub(crate) use shutdown::{Drain, cancel, cancel_one, serve};
 
 /// A set of carrier threads running fibers. See the crate docs for an overview.
 pub struct Runtime {
@@ -61,7 +58,7 @@ impl Runtime {
         RLIMIT.get_or_init(|| {
             crate::platform::raise_nofile_limit();
             // SAFETY: the handler only bumps an atomic (async-signal-safe).
-            unsafe { libc::pthread_atfork(None, None, Some(after_fork_in_child)) };
+            unsafe { crate::platform::after_fork_in_child(after_fork_in_child) };
         });
         crate::fiber::overflow::install_handler();
         crate::diagnostics::install_panic_hook();
@@ -69,7 +66,7 @@ impl Runtime {
         let n = config.carriers;
         let cores = match config.affinity {
             Affinity::Floating => Vec::new(),
-            Affinity::Adaptive | Affinity::Pinned => core_affinity::get_core_ids().unwrap_or_default(),
+            Affinity::Adaptive | Affinity::Pinned => crate::platform::core_ids(),
         };
         let name = config.thread_name.clone();
         let reactor = crate::net::reactor::Reactor::new()?;
@@ -240,7 +237,7 @@ impl Drop for Runtime {
         // Either the carrier sees the shutdown, or we see it polling and wake the reactor.
         rt.shutdown.store(true, Ordering::SeqCst);
         let supervisor = self.supervisor.take();
-        let me = context::carrier();
+        let me = crate::scheduler::carrier::here();
         // SAFETY: a non-null carrier pointer is this thread's live carrier.
         if !me.is_null() && std::ptr::eq(unsafe { (*me).shared() }, rt.ptr()) {
             // Dropped from one of its own fibers: this thread is one of the carriers to stop,
@@ -344,7 +341,7 @@ pub(crate) fn default_runtime() -> &'static Runtime {
 /// Runs `f` with the runtime of the calling fiber, or the default runtime on a plain thread.
 /// The reference is valid only until `f`'s first switch point that follows its last use.
 pub(crate) fn with_current_runtime<R>(f: impl FnOnce(&RuntimeRef) -> R) -> R {
-    let c = context::carrier();
+    let c = crate::scheduler::carrier::here();
     if !c.is_null() {
         // SAFETY: a non-null carrier pointer is this thread's live carrier, which lives until
         // its runtime shuts down, after every fiber on it has stopped running.

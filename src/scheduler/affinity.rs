@@ -66,7 +66,7 @@ fn contended(waited: Duration, window: Duration) -> bool {
 impl Policy {
     /// The policy of an adaptive runtime; `None` for one pinned always or never.
     pub(crate) fn new(rt: &Shared) -> Option<Policy> {
-        (rt.config.affinity == crate::runtime::config::Affinity::Adaptive).then(|| Policy {
+        (rt.config.affinity == super::config::Affinity::Adaptive).then(|| Policy {
             anywhere: rt.anywhere.clone(),
             next: Instant::now() + WINDOW,
             carriers: Vec::new(),

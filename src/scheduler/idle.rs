@@ -14,10 +14,10 @@
 //! std's thread park token covers an unpark that lands before the park. At most half the
 //! carriers search at once, so an idle runtime does not burn every core stealing.
 //!
-//! The atomics and the lock come from `crate::sync::loom`, so the loom models at the foot of
+//! The atomics and the lock come from `crate::loom`, so the loom models at the foot of
 //! this file run this very `Idle` (what they cover: `arch/loom.md`).
 
-use crate::sync::loom::{AtomicUsize, Mutex, Ordering, fence};
+use crate::loom::{AtomicUsize, Mutex, Ordering, fence};
 
 /// Low half: searching carriers; high half: sleeping carriers.
 const SLEEPER: usize = 1 << 32;
@@ -46,8 +46,8 @@ impl Idle {
 
     /// Step 2: after making work visible, wake one sleeper if nobody is searching.
     /// Returns the carrier to unpark. On the spawn path: inlined, its fast path is a fence, a
-    /// load and a test (LLVM stopped inlining it when `notify` gained a caller, measured +11
-    /// instructions per spawn in W1).
+    /// load and a test (LLVM stopped inlining it when `notify` gained a caller, which every
+    /// spawn paid for).
     #[inline]
     pub(crate) fn notify_one(&self) -> Option<usize> {
         // Pairs with the SeqCst RMW in `register`: either we see the sleeper or it sees our work.
@@ -168,8 +168,8 @@ pub(super) mod loom_tests {
     use loom::thread;
 
     use super::{Idle, Unregister};
+    use crate::loom::{Arc, AtomicBool, AtomicUsize, Mutex, Ordering, fence};
     use crate::scheduler::run_queue::{self, Local, Remote};
-    use crate::sync::loom::{Arc, AtomicBool, AtomicUsize, Mutex, Ordering, fence};
 
     /// Stand-ins for the queues a carrier looks at: its inbox, the injector, other carriers'
     /// deques. Each returns whether it handed the caller one fiber.
@@ -213,7 +213,7 @@ pub(super) mod loom_tests {
         }
     }
 
-    /// A carrier's idle path, as in `carrier.rs` (one search round instead of `SPIN_ROUNDS`).
+    /// A carrier's idle path, as in `carrier/search.rs` (one search round instead of `SPIN_ROUNDS`).
     struct Carrier<Q> {
         index: usize,
         m: Arc<Model<Q>>,
@@ -278,7 +278,7 @@ pub(super) mod loom_tests {
             }
             match m.idle.unregister(self.index) {
                 Unregister::WasNotified => self.searching.set(true),
-                // As in `carrier.rs` since `arch/loom.md`'s finding 3: work seen on the re-check is looked for as a searcher, so that taking it
+                // As in `carrier/search.rs` since `arch/loom.md`'s finding 3: work seen on the re-check is looked for as a searcher, so that taking it
                 // from the injector wakes the next carrier (step 3) as stealing it would.
                 Unregister::Removed if visible => self.searching.set(m.idle.try_search()),
                 Unregister::Removed => {}

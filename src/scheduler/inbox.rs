@@ -9,17 +9,17 @@
 //! it into arrival order, straight into its private home queue (`Carrier::drain_inbox`); a
 //! taker that swapped the chain out owns all of it, so there is no ABA (nobody pops one entry
 //! while others push). It replaced a `Mutex<VecDeque>` that every cross-carrier wake and every
-//! pinned yield locked (issue 19: the home mode cost W5 47%).
+//! pinned yield locked (issue 19, `arch/performance.md`).
 //!
 //! The idle protocol (`idle.rs`) sees the inbox through [`Inbox::is_empty`], fenced like the
 //! run queue's: a pusher pushes, then fences and reads the sleepers; a carrier going to sleep
-//! registers, then fences and reads the head. The atomics are `crate::sync::loom`'s, so the
+//! registers, then fences and reads the head. The atomics are `crate::loom`'s, so the
 //! model at the foot of this file runs this code.
 
 use std::marker::PhantomData;
 
 use super::run_queue::Entry;
-use crate::sync::loom::{AtomicUsize, Ordering, fence};
+use crate::loom::{AtomicUsize, Ordering, fence};
 
 /// An entry that carries its own link: the inbox threads entries through it.
 pub(crate) trait Linked: Entry {
@@ -144,7 +144,7 @@ impl<T: Linked> Drop for Drain<T> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::sync::loom::Arc;
+    use crate::loom::Arc;
 
     /// A boxed node: its word is the box's address, its link a field.
     struct Node {

@@ -13,7 +13,7 @@
 //! Neither touches the fibers' records: an earlier intrusive list (fibers linked through a
 //! field of their records) allocated nothing either, but a spill wrote 128 records that had
 //! sat in the deque long enough to be cold, and a steal walked its batch's links under the
-//! lock, a cache miss per fiber in series (W5's profile: 10% of samples in that walk). A ring
+//! lock, a cache miss per fiber in series (`arch/performance.md`). A ring
 //! allocates only when a shard outgrows every length it had before (it keeps its capacity;
 //! one that drained after a burst gives back what is well past its present need).
 
@@ -327,7 +327,7 @@ mod loom_tests {
     use std::collections::VecDeque;
 
     use super::super::idle::loom_tests::{Queues, check};
-    use crate::sync::loom::{AtomicUsize, Mutex, Ordering, fence};
+    use crate::loom::{AtomicUsize, Mutex, Ordering, fence};
 
     struct Shard {
         queue: Mutex<VecDeque<u32>>,

@@ -11,18 +11,18 @@
 //! that still reads it can no longer win. Indices are `usize` counters that never wrap on a
 //! 64-bit target, so a CAS cannot mistake a new head for the old one (ABA).
 //!
-//! Against crossbeam's FIFO `Worker`, which this replaced: a pop was ~33 instructions with a
-//! locked `xadd` and a resize check, a 128-fiber spill was 128 pops, and a steal into a
+//! Against crossbeam's FIFO `Worker`, which this replaced: a pop took a locked `xadd` and a
+//! resize check, a 128-fiber spill was 128 pops, and a steal into a
 //! growing deque could allocate. Here a pop is a load, a compare and one CAS; a spill and a
 //! steal are one CAS each; the ring never allocates after it is built. It is bounded
 //! ([`CAPACITY`]): a full queue spills half to the injector (`Carrier::spill`).
 //!
-//! The atomics are `crate::sync::loom`'s, so the models at the foot of this file (and the idle
+//! The atomics are `crate::loom`'s, so the models at the foot of this file (and the idle
 //! protocol's in `idle.rs`) run this code. See `arch/scheduler.md`.
 
 use std::marker::PhantomData;
 
-use crate::sync::loom::{Arc, AtomicUsize, Ordering, fence};
+use crate::loom::{Arc, AtomicUsize, Ordering, fence};
 
 /// Slots per carrier (Go and tokio: 256). A power of two.
 pub(crate) const CAPACITY: usize = 256;

@@ -18,8 +18,8 @@ use std::panic::Location;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
+use super::compactor::Compactor;
 use super::{RuntimeRef, Shared};
-use crate::fiber::compact::Compactor;
 use crate::fiber::stack::SizeClass;
 
 /// Samples without progress before a stalled carrier in the kernel counts as blocked: one
@@ -346,8 +346,7 @@ fn parse_steal(stat: &str, cpu: usize) -> Option<u64> {
 fn stolen_since_stall(w: &Watch) -> Option<Duration> {
     let (cpu, start) = w.steal_at_stall?;
     let now = steal_ticks(cpu)?;
-    // SAFETY: sysconf has no preconditions.
-    let hz = u64::try_from(unsafe { libc::sysconf(libc::_SC_CLK_TCK) }).unwrap_or(100).max(1);
+    let hz = u64::try_from(crate::platform::clock_ticks_per_sec()).unwrap_or(100).max(1);
     Some(Duration::from_nanos(now.saturating_sub(start).saturating_mul(1_000_000_000 / hz)))
 }
 
@@ -357,8 +356,7 @@ fn stolen_since_stall(w: &Watch) -> Option<Duration> {
 /// is not a fiber hogging its carrier, and the starvation warning says so.
 fn cpu_since_stall(w: &Watch, now: Option<u64>, every: Duration) -> Option<(Duration, Duration)> {
     let (start, now) = (w.cpu_at_stall?, now?);
-    // SAFETY: sysconf has no preconditions.
-    let hz = u64::try_from(unsafe { libc::sysconf(libc::_SC_CLK_TCK) }).unwrap_or(100).max(1);
+    let hz = u64::try_from(crate::platform::clock_ticks_per_sec()).unwrap_or(100).max(1);
     let used = Duration::from_nanos(now.saturating_sub(start).saturating_mul(1_000_000_000 / hz));
     Some((used, every * (w.stalled - 1)))
 }
@@ -510,8 +508,7 @@ mod tests {
 
     #[test]
     fn thread_stat_reads_this_threads_state_and_cpu_time() {
-        // SAFETY: gettid has no preconditions.
-        let tid = unsafe { libc::gettid() };
+        let tid = crate::platform::gettid();
         let stat = thread_stat(tid).expect("procfs describes a live thread");
         assert_eq!(stat.state, b'R', "the thread reading its own stat is running");
         let before = stat.cpu_ticks;
@@ -530,16 +527,14 @@ mod tests {
         assert_eq!(parse_steal(stat, 0), Some(25));
         assert_eq!(parse_steal(stat, 1), Some(15));
         assert_eq!(parse_steal(stat, 2), None);
-        // SAFETY: gettid has no preconditions.
-        let tid = unsafe { libc::gettid() };
+        let tid = crate::platform::gettid();
         let cpu = thread_stat(tid).and_then(|s| s.processor).expect("procfs says where this thread runs");
         assert!(steal_ticks(cpu).is_some(), "/proc/stat has a line for cpu{cpu}");
     }
 
     #[test]
     fn cpu_since_stall_measures_the_window_after_the_first_stalled_sample() {
-        // SAFETY: sysconf has no preconditions.
-        let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as u64;
+        let hz = crate::platform::clock_ticks_per_sec() as u64;
         let every = Duration::from_millis(10);
         let w = Watch { stalled: 10, cpu_at_stall: Some(1_000), ..Watch::default() };
         let (used, window) = cpu_since_stall(&w, Some(1_000 + hz / 100), every).unwrap();

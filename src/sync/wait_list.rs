@@ -93,7 +93,7 @@ impl Waiter {
 
     /// Whether this waiter is for the calling fiber, so that [`Waiter::reset`] can make it
     /// ready for another wait without a new counted handle (two locked operations on the
-    /// fiber's record saved per blocking call, W4's ping-pong).
+    /// fiber's record saved per blocking call).
     pub(crate) fn is_for_running_fiber(&self) -> bool {
         #[cfg(not(loom))]
         return self.fiber.is_running_fiber();

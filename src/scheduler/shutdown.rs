@@ -29,7 +29,7 @@ use std::sync::atomic::Ordering;
 use std::sync::{Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use super::context;
+use crate::fiber::context;
 use crate::fiber::{DONE, FiberRecord, FiberRef, NO_HOME};
 use crate::scheduler::Shared;
 
@@ -74,7 +74,7 @@ impl Drain {
 }
 
 /// Carrier `index`'s thread after its loop: unwinds what the coordinator hands it until told to
-/// exit. Called with no carrier set on the thread (`context::carrier()` is null), so that what
+/// exit. Called with no carrier set on the thread (`carrier::here()` is null), so that what
 /// an unwinding fiber wakes or spawns goes to the shared queues, which the coordinator drains.
 pub(crate) fn serve(rt: &Shared, index: usize) {
     let d = &rt.drain;
@@ -322,7 +322,7 @@ pub(crate) fn cancel(f: FiberRef) {
         // Never ran: bind a stack so its body can drop the closure (destructors run in fiber
         // context) and complete its packet; without a stack, `bind` completes it with the error.
         // SAFETY: exclusive access, as above.
-        unsafe { f.bind(f.class().take().map(crate::fiber::builder::new_coroutine)) };
+        unsafe { f.bind(f.class().take().map(crate::fiber::coroutine::new_coroutine)) };
     } else if let Some(co) = slot.as_mut() {
         // Resumes the fiber with corosensei's unwind payload; the fiber's body catches it
         // (after every destructor on the way ran), completes its packet and returns.

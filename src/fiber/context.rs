@@ -1,6 +1,9 @@
-//! The crate's only `thread_local!`: which carrier (if any) this OS thread is.
+//! The crate's only `thread_local!`: which carrier (if any) this OS thread is, and the fiber it
+//! runs. At the bottom, in fiber/, with the carrier opaque: the scheduler registers its carrier
+//! (`set_carrier`) together with the [`Running`] cell embedded in it, and reads its own type
+//! back (`scheduler::carrier::here`); fiber/ reads only the running fiber.
 //!
-//! Fibers migrate between carriers, and LLVM may keep a thread-local's address in a register
+//! Fibers may migrate between carriers (the `unsafe` opt-in), and LLVM may keep a thread-local's address in a register
 //! across a function that switches stacks. So every read goes through an `#[inline(never)]`
 //! accessor that returns a raw pointer, and callers use the pointer only until their next
 //! switch point (`park`, `yield_now`, ...), never across one. See `arch/decisions/0001-migration-and-thread-locals.md`.
@@ -8,17 +11,42 @@
 use std::cell::Cell;
 use std::ptr;
 
-use crate::fiber::FiberRecord;
-use crate::scheduler::carrier::Carrier;
+use super::FiberRecord;
+use super::local::Locals;
+
+/// The fiber a carrier runs now (null between fibers): a field of the scheduler's `Carrier`,
+/// written by it at every switch, read here through the pointer `set_carrier` registered.
+pub(crate) struct Running(Cell<*const FiberRecord>);
+
+impl Running {
+    pub(crate) const fn new() -> Running {
+        Running(Cell::new(ptr::null()))
+    }
+
+    #[inline(always)]
+    pub(crate) fn get(&self) -> *const FiberRecord {
+        self.0.get()
+    }
+
+    #[inline(always)]
+    pub(crate) fn set(&self, f: *const FiberRecord) {
+        self.0.set(f)
+    }
+}
+
+/// The carrier this thread is, as fiber/ sees it: opaque.
+pub(crate) enum CarrierState {}
 
 thread_local! {
-    static CARRIER: Cell<*const Carrier> = const { Cell::new(ptr::null()) };
+    static CARRIER: Cell<*const CarrierState> = const { Cell::new(ptr::null()) };
+    /// The `Running` cell of that carrier (null with it).
+    static RUNNING: Cell<*const Running> = const { Cell::new(ptr::null()) };
     /// Set while the runtime's drop unwinds a fiber on this (non-carrier) thread.
     static CANCELLING: Cell<*const FiberRecord> = const { Cell::new(ptr::null()) };
     /// Per-thread state of plain (non-carrier) threads: a block of fiber ids and an injector
     /// shard hint.
     /// Fiber-local values of a plain thread (the `fiber_local!` fallback).
-    static PLAIN_LOCALS: crate::fiber::local::Locals = crate::fiber::local::Locals::default();
+    static PLAIN_LOCALS: Locals = Locals::default();
     static PLAIN: Cell<PlainThread> = const { Cell::new(PlainThread { id: 0, ids: (0, 0), shard: usize::MAX }) };
 }
 
@@ -32,14 +60,22 @@ pub(crate) struct PlainThread {
     pub(crate) shard: usize,
 }
 
-/// The carrier this thread is, or null. Valid until the caller's next switch point.
+/// The carrier this thread is (the scheduler's, opaque here), or null. Valid until the
+/// caller's next switch point.
 #[inline(never)]
-pub(crate) fn carrier() -> *const Carrier {
+pub(crate) fn carrier() -> *const CarrierState {
     std::hint::black_box(CARRIER.with(Cell::get))
 }
 
-pub(crate) fn set_carrier(c: *const Carrier) {
+/// Registers this thread's carrier and the `Running` cell in it (both null: none).
+///
+/// # Safety
+/// Until this thread registers null again, `c` is the scheduler's carrier living on this
+/// thread's stack (or null) and `running` points into it (or is null): the accessors here
+/// dereference `running`, and the scheduler reads `c` as its `Carrier`.
+pub(crate) unsafe fn set_carrier(c: *const CarrierState, running: *const Running) {
     CARRIER.with(|cell| cell.set(c));
+    RUNNING.with(|cell| cell.set(running));
 }
 
 /// The fiber being unwound by a runtime's drop on this thread, or null.
@@ -57,8 +93,8 @@ pub(crate) fn set_cancelling(f: *const FiberRecord) {
 #[inline(never)]
 pub(crate) fn current_fiber() -> *const FiberRecord {
     // The body inlined, not a call to `running_fiber`: this function is already the
-    // non-inlined frame that the thread-local rule asks for (a nested call cost ~8
-    // instructions per use; a channel's blocking receive makes one per wait).
+    // non-inlined frame that the thread-local rule asks for, and a nested call would cost
+    // every use (a channel's blocking receive makes one per wait).
     running_fiber_here().0
 }
 
@@ -79,11 +115,12 @@ fn running_fiber_here() -> (*const FiberRecord, bool) {
     if !x.is_null() {
         return (x, true);
     }
-    let c = CARRIER.with(Cell::get);
+    let c = RUNNING.with(Cell::get);
     if !c.is_null() {
-        // SAFETY: a non-null carrier pointer refers to the `Carrier` living on this thread's
-        // stack for as long as the thread runs its loop, which encloses every fiber it resumes.
-        return (unsafe { (*c).current() }, false);
+        // SAFETY: a non-null pointer refers to the `Running` cell of the carrier living on this
+        // thread's stack for as long as the thread runs its loop, which encloses every fiber it
+        // resumes.
+        return (unsafe { (*c).get() }, false);
     }
     (std::ptr::null(), false)
 }
@@ -102,6 +139,6 @@ pub(crate) fn with_plain<R>(f: impl FnOnce(&mut PlainThread) -> R) -> R {
 
 /// Runs `f` with this plain thread's fiber-local map.
 #[inline(never)]
-pub(crate) fn with_plain_locals<R>(f: impl FnOnce(&crate::fiber::local::Locals) -> R) -> R {
+pub(crate) fn with_plain_locals<R>(f: impl FnOnce(&Locals) -> R) -> R {
     PLAIN_LOCALS.with(f)
 }

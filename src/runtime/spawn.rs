@@ -1,22 +1,21 @@
-//! Spawning: the fiber `Builder`, `spawn`, and the one function that creates every fiber.
+//! Spawning: the fiber `Builder`, `spawn`, and the one function that creates every fiber
+//! (`spawn_unchecked_at`, with `spawn_local` its fast path on a carrier). It picks the runtime,
+//! the record and the queue; what a fiber's coroutine then runs is `fiber/coroutine.rs`.
 
 use std::io;
-use std::marker::PhantomData;
-use std::panic::{AssertUnwindSafe, Location, catch_unwind};
+use std::panic::Location;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
-use corosensei::Coroutine;
-
-use super::join::{self, JoinHandle};
-use super::park::next_id;
-use super::stack::{FiberStack, SizeClass, usable_size};
-use super::{Co, FiberRecord, FiberYielder, Init, STAGE_CLOSURE, STAGE_RESULT, StageVTable, Suspend};
-use crate::runtime::context;
+use crate::fiber::Init;
+use crate::fiber::context;
+use crate::fiber::coroutine::{Erased, prepare};
+use crate::fiber::id::next_id;
+use crate::fiber::join::JoinHandle;
+use crate::fiber::scope_data::ScopeData;
+use crate::fiber::stack::{SizeClass, usable_size};
 use crate::scheduler::RuntimeRef;
-
-/// What `join` returns for a fiber that its runtime's drop unwound before it finished.
-pub(crate) const CANCELLED: &str = "fiber cancelled: its runtime was dropped before it finished";
+use crate::scheduler::carrier::Carrier;
 
 /// Fiber factory, like `std::thread::Builder`: a name and a stack size for the next fiber.
 #[derive(Debug, Default, Clone)]
@@ -92,7 +91,7 @@ impl Builder {
         rt: &RuntimeRef,
         f: F,
         at: &'static Location<'static>,
-        scope: Option<Arc<crate::scope::ScopeData>>,
+        scope: Option<Arc<ScopeData>>,
     ) -> io::Result<JoinHandle<T>>
     where
         F: FnOnce() -> T + Send,
@@ -102,7 +101,7 @@ impl Builder {
             Some(bytes) => SizeClass::get(usable_size(bytes)?),
             None => rt.stacks,
         };
-        let c = context::carrier();
+        let c = crate::scheduler::carrier::here();
         // SAFETY: a non-null carrier pointer is this thread's live carrier; it is used only
         // until `schedule_local` below, before any switch point.
         let any_carrier = (!c.is_null()).then(|| unsafe { &*c });
@@ -153,12 +152,12 @@ impl Builder {
                 // before the drop looks for live fibers, or sees `shutdown` and unwinds the
                 // fiber itself (never started: any thread will do), so its join returns.
                 if rt.shutdown.load(Ordering::SeqCst) {
-                    crate::runtime::cancel(rec);
+                    crate::scheduler::shutdown::cancel(rec);
                 } else {
                     let again = rec.clone();
                     rt.schedule_remote(rec);
                     if rt.shutdown.load(Ordering::SeqCst) {
-                        crate::runtime::cancel(again);
+                        crate::scheduler::shutdown::cancel(again);
                     }
                 }
             }
@@ -167,113 +166,11 @@ impl Builder {
     }
 }
 
-/// The type-erased operations on a fiber's stage, one table per closure and result type.
-struct Erased<F, T>(PhantomData<(F, T)>);
-
-impl<F: FnOnce() -> T + Send, T: Send> Erased<F, T> {
-    const VTABLE: StageVTable =
-        StageVTable { run: run_closure::<F, T>, fail: fail_start::<F, T>, drop_result: drop_result::<T> };
-}
-
-/// A coroutine for fibers, on `stack`: not started; its first resume names its first fiber.
-pub(crate) fn new_coroutine(stack: FiberStack) -> Co {
-    Coroutine::with_stack(stack, fiber_loop)
-}
-
-/// Every fiber coroutine's body: runs one fiber after another. After a fiber's result is
-/// published it suspends with `Finished`, and its carrier keeps it in a cache, stack and all;
-/// the next resume hands it a new fiber's record, and a null one ends it. Reusing it skips
-/// building a coroutine and entering it through corosensei's trampoline, which were ~60 of
-/// the ~620 instructions of a chained spawn (W3).
-fn fiber_loop(y: &FiberYielder, mut me: *const FiberRecord) {
-    while !me.is_null() {
-        debug_assert!(std::ptr::eq(me, context::current_fiber()));
-        // SAFETY: `me` is the record this coroutine was resumed for, and it outlives the
-        // fiber's run: the carrier resuming it holds a reference. Its address is stable, so
-        // `me` stays valid across switches even though the carrier may change.
-        let rec: &FiberRecord = unsafe { &*me };
-        rec.set_yielder(y);
-        // SAFETY: the stage holds the closure of the fiber spawned with this vtable (a record
-        // is resumed for a new fiber once, at its first run), consumed here.
-        unsafe { (rec.vtable.get().run)(rec) };
-        if catch_unwind(AssertUnwindSafe(|| rec.locals.clear())).is_err() {
-            eprintln!(
-                "virtual-threads: a fiber_local! destructor panicked; aborting (as std does for thread_local!)"
-            );
-            std::process::abort();
-        }
-        join::complete(rec);
-        if rec.cancelled.load(Ordering::Acquire) {
-            // The runtime's drop is unwinding its fibers: nothing will run another here.
-            return;
-        }
-        me = y.suspend(Suspend::Finished);
-    }
-}
-
-/// A fiber's closure, run on its coroutine: its panic caught, its result put in the stage.
-///
-/// # Safety
-/// The stage holds an `F` (the closure of a fiber spawned with this vtable), consumed here;
-/// the caller of spawn guaranteed that what it borrows outlives the fiber. The caller is the
-/// fiber's coroutine, at the fiber's first run.
-unsafe fn run_closure<F: FnOnce() -> T + Send, T: Send>(me: &FiberRecord) {
-    // SAFETY: see the function's contract.
-    let f = unsafe { me.take_stage::<F>() };
-    let result = if me.cancelled.load(Ordering::Acquire) {
-        // Cancelled before it ever ran: drop the closure (its captures' destructors run here).
-        let _ = catch_unwind(AssertUnwindSafe(move || drop(f)));
-        Err(Box::new(CANCELLED) as Box<dyn std::any::Any + Send>)
-    } else {
-        match catch_unwind(AssertUnwindSafe(f)) {
-            // The runtime's drop unwound it (corosensei's private unwind payload).
-            Err(_) if me.cancelled.load(Ordering::Acquire) => Err(Box::new(CANCELLED) as _),
-            r => r,
-        }
-    };
-    // SAFETY: the stage is empty (the closure was moved out above) and only this fiber writes
-    // it until it publishes DONE.
-    unsafe { me.put_stage(result, STAGE_RESULT) };
-}
-
-/// # Safety
-/// As for [`run_closure`].
-unsafe fn fail_start<F: FnOnce() -> T + Send, T: Send>(rec: &FiberRecord, e: io::Error) {
-    // SAFETY: see the function's contract.
-    let f = unsafe { rec.take_stage::<F>() };
-    let _ = catch_unwind(AssertUnwindSafe(move || drop(f)));
-    let r: std::thread::Result<T> = Err(Box::new(format!("fiber could not start: {e}")));
-    // SAFETY: the stage is empty now, and the fiber never runs: we are its only user.
-    unsafe { rec.put_stage(r, STAGE_RESULT) };
-    join::complete(rec);
-}
-
-/// Drops a result nobody will take; a panic's payload goes to the fiber's scope, if any, which
-/// resumes the first one it gets (as rayon's scope does). Returns whether it was a panic.
-///
-/// # Safety
-/// The stage holds this fiber's `thread::Result<T>`, and the caller is the only party that
-/// may take it (see `join.rs`).
-unsafe fn drop_result<T>(rec: &FiberRecord) -> bool {
-    // SAFETY: see the function's contract.
-    match unsafe { rec.take_stage::<std::thread::Result<T>>() } {
-        Ok(_) => false,
-        Err(payload) => {
-            // SAFETY: as the only party to the result, the caller is also the only one to touch
-            // the scope cell until it tells the scope (`join::scope_done`), after this.
-            if let Some(scope) = unsafe { &*rec.scope.get() } {
-                scope.keep_panic(payload);
-            }
-            true
-        }
-    }
-}
-
 /// The fork-yield rule: a fiber that spawns many children in a row yields every `fork_yield`
 /// spawns, so that the children start on other carriers instead of piling up behind it
 /// (ZIO's `MaxForksBeforeYield`). Off when the setting is 0.
 #[inline]
-fn fork_yield(c: &crate::scheduler::carrier::Carrier) {
+fn fork_yield(c: &Carrier) {
     let every = c.shared().config.fork_yield;
     let me = c.current();
     if every == 0 || me.is_null() {
@@ -301,7 +198,7 @@ where
     T: Send + 'static,
 {
     let at = at_caller();
-    let c = context::carrier();
+    let c = crate::scheduler::carrier::here();
     if c.is_null() {
         return spawn_here(f, at).unwrap_or_else(|e| spawn_failed(e));
     }
@@ -338,7 +235,7 @@ where
     F: FnOnce() -> T + Send + 'static,
     T: Send + 'static,
 {
-    let c = context::carrier();
+    let c = crate::scheduler::carrier::here();
     if c.is_null() {
         // SAFETY: `F` and `T` are 'static: nothing borrowed can dangle.
         return crate::runtime::with_current_runtime(|rt| unsafe {
@@ -360,11 +257,7 @@ where
 /// As for `spawn_unchecked_at`; `c` is this thread's carrier, not used after this returns, and
 /// its `ensure_stack` for the runtime's class just succeeded.
 #[inline(always)]
-unsafe fn spawn_local<F, T>(
-    c: &crate::scheduler::carrier::Carrier,
-    f: F,
-    at: &'static Location<'static>,
-) -> JoinHandle<T>
+unsafe fn spawn_local<F, T>(c: &Carrier, f: F, at: &'static Location<'static>) -> JoinHandle<T>
 where
     F: FnOnce() -> T + Send,
     T: Send,
@@ -396,25 +289,4 @@ where
     // The handle is built here, from the reference kept in a register: built before the calls
     // above, it sat in a stack slot written with 8-byte stores and read back with a 16-byte load.
     JoinHandle::new(for_handle)
-}
-
-/// Fills a fresh record and its stage: the fiber's queue reference and its join handle's.
-///
-/// # Safety
-/// `slot` is an unused record owned by the caller.
-#[inline(always)]
-unsafe fn prepare<F, T>(
-    slot: std::ptr::NonNull<FiberRecord>,
-    init: Init,
-    f: F,
-) -> (super::FiberRef, super::FiberRef)
-where
-    F: FnOnce() -> T + Send,
-    T: Send,
-{
-    // SAFETY: `slot` is unused and ours (the caller's contract).
-    let (rec, for_handle) = unsafe { FiberRecord::init(slot, init) };
-    // SAFETY: the record is not queued yet: we are its only user.
-    unsafe { rec.put_stage(f, STAGE_CLOSURE) };
-    (rec, for_handle)
 }

@@ -1,0 +1,144 @@
+//! The one function every fiber coroutine runs (`fiber_loop`: one fiber after another on the
+//! same coroutine and stack), the type-erased operations on a fiber's stage, and the filling
+//! of a fresh record at spawn (`prepare`). Spawning itself, which picks a runtime and a queue,
+//! is the runtime's: `runtime/spawn.rs`.
+
+use std::io;
+use std::marker::PhantomData;
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::atomic::Ordering;
+
+use corosensei::Coroutine;
+
+use super::context;
+use super::join;
+use super::stack::FiberStack;
+use super::{
+    Co, FiberRecord, FiberRef, FiberYielder, Init, STAGE_CLOSURE, STAGE_RESULT, StageVTable, Suspend,
+};
+
+/// What `join` returns for a fiber that its runtime's drop unwound before it finished.
+pub(crate) const CANCELLED: &str = "fiber cancelled: its runtime was dropped before it finished";
+
+/// The type-erased operations on a fiber's stage, one table per closure and result type.
+pub(crate) struct Erased<F, T>(PhantomData<(F, T)>);
+
+impl<F: FnOnce() -> T + Send, T: Send> Erased<F, T> {
+    pub(crate) const VTABLE: StageVTable =
+        StageVTable { run: run_closure::<F, T>, fail: fail_start::<F, T>, drop_result: drop_result::<T> };
+}
+
+/// A coroutine for fibers, on `stack`: not started; its first resume names its first fiber.
+pub(crate) fn new_coroutine(stack: FiberStack) -> Co {
+    Coroutine::with_stack(stack, fiber_loop)
+}
+
+/// Every fiber coroutine's body: runs one fiber after another. After a fiber's result is
+/// published it suspends with `Finished`, and its carrier keeps it in a cache, stack and all;
+/// the next resume hands it a new fiber's record, and a null one ends it. Reusing it skips
+/// building a coroutine and entering it through corosensei's trampoline on every first run
+/// (`arch/performance.md`).
+fn fiber_loop(y: &FiberYielder, mut me: *const FiberRecord) {
+    while !me.is_null() {
+        debug_assert!(std::ptr::eq(me, context::current_fiber()));
+        // SAFETY: `me` is the record this coroutine was resumed for, and it outlives the
+        // fiber's run: the carrier resuming it holds a reference. Its address is stable, so
+        // `me` stays valid across switches even though the carrier may change.
+        let rec: &FiberRecord = unsafe { &*me };
+        rec.set_yielder(y);
+        // SAFETY: the stage holds the closure of the fiber spawned with this vtable (a record
+        // is resumed for a new fiber once, at its first run), consumed here.
+        unsafe { (rec.vtable.get().run)(rec) };
+        if catch_unwind(AssertUnwindSafe(|| rec.locals.clear())).is_err() {
+            eprintln!(
+                "virtual-threads: a fiber_local! destructor panicked; aborting (as std does for thread_local!)"
+            );
+            std::process::abort();
+        }
+        join::complete(rec);
+        if rec.cancelled.load(Ordering::Acquire) {
+            // The runtime's drop is unwinding its fibers: nothing will run another here.
+            return;
+        }
+        me = y.suspend(Suspend::Finished);
+    }
+}
+
+/// A fiber's closure, run on its coroutine: its panic caught, its result put in the stage.
+///
+/// # Safety
+/// The stage holds an `F` (the closure of a fiber spawned with this vtable), consumed here;
+/// the caller of spawn guaranteed that what it borrows outlives the fiber. The caller is the
+/// fiber's coroutine, at the fiber's first run.
+unsafe fn run_closure<F: FnOnce() -> T + Send, T: Send>(me: &FiberRecord) {
+    // SAFETY: see the function's contract.
+    let f = unsafe { me.take_stage::<F>() };
+    let result = if me.cancelled.load(Ordering::Acquire) {
+        // Cancelled before it ever ran: drop the closure (its captures' destructors run here).
+        let _ = catch_unwind(AssertUnwindSafe(move || drop(f)));
+        Err(Box::new(CANCELLED) as Box<dyn std::any::Any + Send>)
+    } else {
+        match catch_unwind(AssertUnwindSafe(f)) {
+            // The runtime's drop unwound it (corosensei's private unwind payload).
+            Err(_) if me.cancelled.load(Ordering::Acquire) => Err(Box::new(CANCELLED) as _),
+            r => r,
+        }
+    };
+    // SAFETY: the stage is empty (the closure was moved out above) and only this fiber writes
+    // it until it publishes DONE.
+    unsafe { me.put_stage(result, STAGE_RESULT) };
+}
+
+/// # Safety
+/// As for [`run_closure`].
+unsafe fn fail_start<F: FnOnce() -> T + Send, T: Send>(rec: &FiberRecord, e: io::Error) {
+    // SAFETY: see the function's contract.
+    let f = unsafe { rec.take_stage::<F>() };
+    let _ = catch_unwind(AssertUnwindSafe(move || drop(f)));
+    let r: std::thread::Result<T> = Err(Box::new(format!("fiber could not start: {e}")));
+    // SAFETY: the stage is empty now, and the fiber never runs: we are its only user.
+    unsafe { rec.put_stage(r, STAGE_RESULT) };
+    join::complete(rec);
+}
+
+/// Drops a result nobody will take; a panic's payload goes to the fiber's scope, if any, which
+/// resumes the first one it gets (as rayon's scope does). Returns whether it was a panic.
+///
+/// # Safety
+/// The stage holds this fiber's `thread::Result<T>`, and the caller is the only party that
+/// may take it (see `join.rs`).
+unsafe fn drop_result<T>(rec: &FiberRecord) -> bool {
+    // SAFETY: see the function's contract.
+    match unsafe { rec.take_stage::<std::thread::Result<T>>() } {
+        Ok(_) => false,
+        Err(payload) => {
+            // SAFETY: as the only party to the result, the caller is also the only one to touch
+            // the scope cell until it tells the scope (`join::scope_done`), after this.
+            if let Some(scope) = unsafe { &*rec.scope.get() } {
+                scope.keep_panic(payload);
+            }
+            true
+        }
+    }
+}
+
+/// Fills a fresh record and its stage: the fiber's queue reference and its join handle's.
+///
+/// # Safety
+/// `slot` is an unused record owned by the caller.
+#[inline(always)]
+pub(crate) unsafe fn prepare<F, T>(
+    slot: std::ptr::NonNull<FiberRecord>,
+    init: Init,
+    f: F,
+) -> (FiberRef, FiberRef)
+where
+    F: FnOnce() -> T + Send,
+    T: Send,
+{
+    // SAFETY: `slot` is unused and ours (the caller's contract).
+    let (rec, for_handle) = unsafe { FiberRecord::init(slot, init) };
+    // SAFETY: the record is not queued yet: we are its only user.
+    unsafe { rec.put_stage(f, STAGE_CLOSURE) };
+    (rec, for_handle)
+}

@@ -1,0 +1,172 @@
+//! Where the carrier puts a fiber made runnable: the LIFO slot, its private home queue, the
+//! stealable deque, or (when that is full) the injector.
+
+use super::*;
+
+impl Carrier {
+    /// Makes a fiber of this runtime runnable from this carrier.
+    pub(crate) fn schedule_local(&self, f: FiberRef, wake: Wake) {
+        let stats = &self.slot().stats;
+        if wake != Wake::Timer {
+            bump(&stats.unparks, 1);
+        }
+        if let Some(now) = self.rt.clock.stamp() {
+            f.since.store(now, Ordering::Relaxed);
+        }
+        let home = f.home.load(Ordering::Relaxed);
+        if home != NO_HOME && home != self.index {
+            self.rt.push_inbox(home, f);
+            return;
+        }
+        match wake {
+            Wake::Unpark => {
+                // Direct hand-off (Go's runnext): the woken fiber runs next here.
+                if let Some(prev) = self.lifo_put(f) {
+                    if self.push_back(prev) {
+                        self.rt.notify();
+                    }
+                }
+            }
+            // A timer wake is one of a batch: `time::fire` notifies once for all of them.
+            Wake::Timer => {
+                self.push_back(f);
+            }
+            Wake::Joiner => {
+                if self.push_back(f) {
+                    self.rt.notify();
+                }
+            }
+        }
+    }
+
+    /// A fiber just spawned here: to the back of the local deque (stealable), then wake an idle
+    /// carrier. Its own entry point, not a `Wake` kind: a new fiber has no home, and spawns are
+    /// the hottest call of all.
+    #[inline]
+    pub(crate) fn schedule_spawned(&self, f: FiberRef) {
+        debug_assert_eq!(f.home.load(Ordering::Relaxed), NO_HOME);
+        bump(&self.slot().stats.spawned, 1);
+        if let Err(f) = self.worker.push(f) {
+            self.push_full(f);
+        }
+        self.rt.notify();
+    }
+
+    /// Back of the local deque (spilling half to the injector when full); fibers at home here
+    /// go to the home queue instead, where no one can steal them. Returns whether it went
+    /// where another carrier may take it (worth a `notify`).
+    pub(super) fn push_back(&self, f: FiberRef) -> bool {
+        if f.home.load(Ordering::Relaxed) == self.index {
+            self.home_push(f);
+            return false;
+        }
+        if let Err(f) = self.worker.push(f) {
+            self.push_full(f);
+        }
+        true
+    }
+
+    /// The records of the two fibers that will most likely run next, for `prefetch_ahead`
+    /// (0 where there is none): the home queue's front while it holds fibers (a loop of
+    /// started fibers, such as yielders, lives there), else the deque's.
+    #[inline]
+    pub(super) fn peek_next_two(&self) -> (usize, usize) {
+        let home = self.home_queue();
+        match (home.front(), home.get(1)) {
+            (Some((a, _)), b) => {
+                (FiberRef::as_ptr(a) as usize, b.map_or(0, |(b, _)| FiberRef::as_ptr(b) as usize))
+            }
+            (None, _) => self.worker.peek_words(),
+        }
+    }
+
+    /// Queues a fiber at home here behind everything queued so far (see `home`).
+    #[inline]
+    pub(super) fn home_push(&self, f: FiberRef) {
+        let mut home = self.home_queue();
+        home.push_back((f, self.worker.pushed()));
+        self.slot().home_len.store(home.len(), Ordering::Relaxed);
+    }
+
+    /// The oldest fiber of the home queue, if everything queued in the deque before it has left
+    /// (`due_only`), or in any case.
+    #[inline]
+    pub(super) fn home_pop(&self, due_only: bool) -> Option<FiberRef> {
+        let mut home = self.home_queue();
+        let &(_, mark) = home.front()?;
+        if due_only && mark > self.worker.taken() {
+            return None;
+        }
+        let (f, _) = home.pop_front()?;
+        self.slot().home_len.store(home.len(), Ordering::Relaxed);
+        Some(f)
+    }
+
+    /// Moves what other threads woke for this carrier into the home queue, in arrival order.
+    #[cold]
+    #[inline(never)]
+    pub(super) fn drain_inbox(&self) {
+        for f in self.slot().inbox.take_all() {
+            self.home_push(f);
+        }
+    }
+
+    /// A push onto a full deque: spill half of it, then push.
+    #[cold]
+    #[inline(never)]
+    pub(super) fn push_full(&self, f: FiberRef) {
+        self.spill();
+        // Half the slots are free now (only this carrier fills them). Were they not, the fiber
+        // goes to the injector: a run-queue entry is never dropped.
+        if let Err(f) = self.worker.push(f) {
+            self.rt.injector.push(self.index, f);
+        }
+    }
+
+    /// The older half of a full deque to the injector: gathered privately, then appended
+    /// under one lock, with no allocation (the buffer is kept) and no record touched.
+    #[cold]
+    #[inline(never)]
+    pub(super) fn spill(&self) {
+        let mut spill = self.spill_buffer();
+        self.worker.take_into(&mut spill, LOCAL_CAP / 2);
+        bump(&self.slot().stats.injector_pushes, spill.len() as u64);
+        self.rt.injector.push_batch(self.index, &mut spill);
+    }
+
+    pub(super) fn lifo_take(&self) -> Option<FiberRef> {
+        let slot = &self.slot().lifo;
+        if slot.load(Ordering::Relaxed).is_null() {
+            return None;
+        }
+        // SAFETY: the slot holds null or a pointer from `FiberRef::into_raw`; the swap takes it
+        // out exactly once.
+        unsafe { FiberRef::from_raw(slot.swap(std::ptr::null_mut(), Ordering::Acquire)) }
+    }
+
+    pub(super) fn lifo_put(&self, f: FiberRef) -> Option<FiberRef> {
+        let p = self.slot().lifo.swap(FiberRef::into_raw(f), Ordering::AcqRel);
+        // SAFETY: as in `lifo_take`.
+        unsafe { FiberRef::from_raw(p) }
+    }
+
+    pub(super) fn flush_to_injector(&self) {
+        let mut rest = self.spill_buffer();
+        if let Some(f) = self.lifo_take() {
+            if f.home.load(Ordering::Relaxed) == self.index {
+                // At home here (woken into the LIFO slot): it may run nowhere else, so it goes
+                // to this carrier's inbox, which brings a retiring spare back (`Shared::revive`).
+                self.rt.push_inbox(self.index, f);
+            } else {
+                rest.push(f);
+            }
+        }
+        // The same for the home queue (empty when a spare retires: see `run_loop`; at
+        // shutdown, the runtime's drop finds these in the inbox).
+        while let Some(f) = self.home_pop(false) {
+            self.rt.push_inbox(self.index, f);
+        }
+        self.worker.take_into(&mut rest, usize::MAX);
+        self.rt.injector.push_batch(self.index, &mut rest);
+    }
+}

@@ -1,0 +1,246 @@
+//! Running a fiber: claim, resume, and act on what its switch out asked (yield, park, finish),
+//! plus the `blocking` section bookkeeping the supervisor reads.
+
+use super::caches::take_finished;
+use super::*;
+
+impl Carrier {
+    #[inline(always)]
+    pub(super) fn run_fiber(&self, f: FiberRef) {
+        debug_assert!({
+            let home = f.home.load(Ordering::Relaxed);
+            home == NO_HOME || home == self.index
+        });
+        match f.try_claim() {
+            Claim::Claimed => {}
+            Claim::Compacted => self.restore(&f),
+            Claim::Lost => return,
+        }
+        // One call site, so that it is inlined here as before compaction existed.
+        self.run_claimed(f);
+    }
+
+    /// Starts the loads that this switch and the next two will wait on, so that they overlap
+    /// the bookkeeping and the fibers' runs instead of forming a chain of misses (queue entry →
+    /// record → saved stack pointer → the stack line a resume pops registers from): this
+    /// fiber's stack lines, the next queued fiber's (its record was prefetched one switch ago),
+    /// and the record of the one after it. Two stack lines each: the resume pops the saved
+    /// registers around `parked_sp`, then returns through the frames just above it, and where
+    /// the fiber's frames happen to straddle a line the second was a miss on every switch
+    /// (`arch/performance.md`, the finding on a fiber's frames against the resume's prefetch).
+    #[inline]
+    pub(super) fn prefetch_ahead(&self, f: &FiberRecord) {
+        use crate::platform::prefetch;
+        let sp = f.parked_sp.load(Ordering::Relaxed);
+        if sp != 0 {
+            prefetch(sp);
+            prefetch(sp + 64);
+        }
+        let (next, after) = self.peek_next_two();
+        if next != 0 {
+            // SAFETY: a run-queue slot only ever holds a record pointer this carrier pushed, and
+            // records are freed only when the runtime is dropped, so even a stale one (taken by
+            // a thief meanwhile) is live memory; `parked_sp` is atomic, and only a hint here.
+            let sp = unsafe { &*(next as *const FiberRecord) }.parked_sp.load(Ordering::Relaxed);
+            if sp != 0 {
+                prefetch(sp);
+                prefetch(sp + 64);
+            }
+        }
+        if after != 0 {
+            prefetch(after);
+            prefetch(after + 64);
+            prefetch(after + 127);
+        }
+    }
+
+    /// A fiber parked long ago: copy its stack back before it runs (see `fiber/compact.rs`).
+    #[cold]
+    #[inline(never)]
+    pub(super) fn restore(&self, f: &FiberRecord) {
+        // SAFETY: we claimed it (exclusive), and the claim cleared `COMPACTED`.
+        let bytes = unsafe { f.restore_stack() };
+        let stats = &self.slot().stats;
+        bump(&stats.restores, 1);
+        bump(&stats.restored_bytes, bytes as u64);
+    }
+
+    pub(super) fn run_claimed(&self, mut f: FiberRef) {
+        self.prefetch_ahead(&f);
+        let slot = self.slot();
+        self.current.set(FiberRef::as_ptr(&f));
+        if !f.started.get() {
+            // One look-up of the spawn site serves the hand-off and the count of runs.
+            let site = slot.locations.entry(f.spawned_at());
+            let known = site.is_some_and(|e| e.known.load(Ordering::Relaxed));
+            if known && !self.is_spare {
+                match self.give_known_blocker_away(f) {
+                    Ok(()) => {
+                        // Its run is counted where it starts.
+                        self.current.set(std::ptr::null());
+                        return;
+                    }
+                    Err(back) => f = back,
+                }
+            }
+            f.started.set(true);
+            if !self.rt.config.migrate_started_fibers {
+                f.home.store(self.index, Ordering::Relaxed);
+            }
+            bump(&slot.stats.started, 1);
+            // SAFETY: we popped `f`: exclusive access.
+            if !unsafe { f.bind(self.take_coroutine(f.class())) } {
+                // No stack: its join handle got the error; it is finished.
+                bump(&slot.stats.finished, 1);
+                FiberRecord::finish_now(&f);
+                self.current.set(std::ptr::null());
+                return;
+            }
+            if let Some(e) = site {
+                locations::count_run(e);
+            }
+            if known {
+                // Known to block: the whole fiber is a blocking section, compensated at once.
+                f.blocking_depth.set(1);
+                f.blocking_at.set(Some(f.spawned_at()));
+            }
+        }
+        match f.blocking_at.get() {
+            Some(at) if f.blocking_depth.get() > 0 => self.enter_blocking(at),
+            _ => slot.location.store(f.spawned_at() as *const _ as *mut _, Ordering::Release),
+        }
+        f.carrier.store(self.index as u32, Ordering::Relaxed);
+        if let Some(now) = self.rt.clock.stamp() {
+            f.since.store(now, Ordering::Relaxed);
+        }
+        // The fiber body catches every panic itself; one escaping a resume is a runtime bug,
+        // and unwinding on could drop a half-switched fiber's record. A guard rather than
+        // `catch_unwind`: that costs a call and register spills around every resume, the guard
+        // nothing until it fires.
+        let abort = AbortOnUnwind;
+        let after = loop {
+            let p = self.progress.get() + 1;
+            self.progress.set(p);
+            slot.progress.store(p, Ordering::Relaxed);
+            // SAFETY: we popped `f` from a queue (or it was just handed to us), so this carrier
+            // is the only one running it: exclusive access to its coroutine.
+            let co = unsafe { f.co_mut() }.as_mut().expect("a runnable fiber has its coroutine");
+            // The record: a coroutine between fibers takes it as its next fiber's.
+            let why = match co.resume(FiberRef::as_ptr(&f)) {
+                CoroutineResult::Yield(why) => why,
+                // Only a cancelled fiber's coroutine returns; taken as finished.
+                CoroutineResult::Return(()) => Suspend::Finished,
+            };
+            if why != Suspend::Park {
+                break why;
+            }
+            bump(&slot.stats.parks, 1);
+            if f.try_set_parked() {
+                break Suspend::Park;
+            }
+            // An unpark came while it was switching out: run it again at once.
+        };
+        std::mem::forget(abort);
+        self.switched_out();
+        match after {
+            Suspend::Yield => {
+                if let Some(now) = self.rt.clock.stamp() {
+                    f.since.store(now, Ordering::Relaxed);
+                }
+                f.set_yielded();
+                self.current.set(std::ptr::null());
+                // What `schedule_local` decides for a yield, without its dispatch on the wake
+                // kind: a fiber that ran here is at home here, or has none.
+                debug_assert!(
+                    matches!(f.home.load(Ordering::Relaxed), NO_HOME)
+                        || f.home.load(Ordering::Relaxed) == self.index
+                );
+                if f.home.load(Ordering::Relaxed) == NO_HOME {
+                    if let Err(f) = self.worker.push(f) {
+                        self.push_full(f);
+                    }
+                } else {
+                    self.home_push(f);
+                }
+            }
+            Suspend::Park => {
+                self.current.set(std::ptr::null());
+                // The run reference stays with the parked fiber: whoever unparks it takes it
+                // over (`FiberRef::take_parked_ref`).
+                std::mem::forget(f);
+            }
+            Suspend::Finished => {
+                self.finish(&f);
+                self.current.set(std::ptr::null());
+                FiberRef::release_finished(f);
+            }
+        }
+    }
+
+    /// A fiber about to start here whose spawn site is known to block (`locations.rs`) starts
+    /// on a carrier of its own instead (`Shared::carrier_for_blocking`), so that it does not
+    /// hold up the fibers at home here. Only with fibers at home: where they migrate,
+    /// compensation already frees them. `Err` gives the fiber back to run here; `Ok` means it
+    /// went to the other carrier's inbox with its run reference, queued `RUNNING` as a yielded
+    /// fiber is (we hold its claim).
+    #[cold]
+    #[inline(never)]
+    pub(super) fn give_known_blocker_away(&self, f: FiberRef) -> Result<(), FiberRef> {
+        if self.rt.config.migrate_started_fibers {
+            return Err(f);
+        }
+        let Some(i) = self.rt.carrier_for_blocking() else { return Err(f) };
+        f.home.store(i, Ordering::Relaxed);
+        f.set_yielded();
+        self.rt.push_inbox(i, f);
+        Ok(())
+    }
+
+    /// Bookkeeping when a fiber leaves this carrier: the supervisor's view and blocking state.
+    pub(super) fn switched_out(&self) {
+        let slot = self.slot();
+        // This carrier is the only writer of `location`: a load and a store, not a swap (one
+        // locked instruction fewer per switch).
+        let loc = slot.location.load(Ordering::Relaxed);
+        slot.location.store(std::ptr::null_mut(), Ordering::Release);
+        if slot.caught.load(Ordering::Relaxed) && slot.caught.swap(false, Ordering::Acquire) && !loc.is_null()
+        {
+            // SAFETY: `location` only ever holds `&'static Location` pointers.
+            slot.locations.record_caught(unsafe { &*loc });
+        }
+        self.exit_blocking();
+    }
+
+    /// The running fiber is about to block this thread (a `blocking` section, or a fiber from a
+    /// known-blocking location): count this carrier as blocked and compensate now.
+    pub(crate) fn enter_blocking(&self, at: &'static std::panic::Location<'static>) {
+        let slot = self.slot();
+        slot.location.store(at as *const _ as *mut _, Ordering::Release);
+        if !slot.in_blocking.swap(true, Ordering::AcqRel) {
+            self.rt.blocked.fetch_add(1, Ordering::AcqRel);
+            self.rt.compensate();
+        }
+    }
+
+    /// The blocking section ended (or its fiber switched out).
+    pub(crate) fn exit_blocking(&self) {
+        let slot = self.slot();
+        if slot.in_blocking.load(Ordering::Relaxed) && slot.in_blocking.swap(false, Ordering::AcqRel) {
+            self.rt.blocked.fetch_sub(1, Ordering::AcqRel);
+            self.rt.shrink();
+        }
+    }
+
+    /// Marks the current fiber's location again (after a blocking section inside it ended).
+    pub(crate) fn set_location(&self, at: &'static std::panic::Location<'static>) {
+        self.slot().location.store(at as *const _ as *mut _, Ordering::Release);
+    }
+
+    pub(super) fn finish(&self, f: &FiberRef) {
+        // SAFETY: the fiber just returned on this carrier: nobody else can touch it.
+        let co = unsafe { take_finished(f.co_mut()) }.expect("a finished fiber had its coroutine");
+        self.give_coroutine(co, f.class());
+        bump(&self.slot().stats.finished, 1);
+        f.set_done();
+    }
+}

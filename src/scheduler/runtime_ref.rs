@@ -1,0 +1,181 @@
+//! The scheduler's side of [`RuntimeRef`] (declared, opaque, in `fiber/schedule.rs`): the
+//! counted reference to a runtime's [`Shared`] state, and the [`Schedule`] implementation that
+//! fiber/ calls through to make fibers runnable and give records back.
+
+use std::ptr::NonNull;
+use std::sync::atomic::Ordering;
+use std::time::Instant;
+
+use super::Shared;
+use super::carrier;
+use crate::fiber::schedule::{RuntimeRef, RuntimeState, Schedule, Wake};
+use crate::fiber::{FiberRecord, FiberRef};
+
+/// References to a runtime's state ([`RuntimeRef`], held by every fiber record, handle and
+/// carrier) are counted in `Shared::refs`.
+///
+/// Counting every spawn on one atomic would put a cache line shared by all carriers on the
+/// spawn path, so carriers take references in batches (`STOCK_BATCH` per atomic add) and keep a
+/// local stock that spawns draw from and finished fibers give back to.
+pub(crate) const STOCK_BATCH: usize = 64;
+
+impl RuntimeRef {
+    pub(crate) fn new(shared: Shared) -> RuntimeRef {
+        shared.refs.store(1, Ordering::Relaxed);
+        // SAFETY: the state is a `Shared`, and the count of 1 is this reference's.
+        unsafe { RuntimeRef::from_raw(NonNull::from(Box::leak(Box::new(shared))).cast::<RuntimeState>()) }
+    }
+
+    /// Adds `n` references at once and returns them as a stock count.
+    pub(crate) fn acquire_stock(&self, n: usize) {
+        self.refs.fetch_add(n, Ordering::Relaxed);
+    }
+
+    /// A new counted reference to `shared`.
+    ///
+    /// # Safety
+    /// `shared` must be owned by a `RuntimeRef` allocation that some live reference keeps alive.
+    pub(crate) unsafe fn from_shared(shared: &Shared) -> RuntimeRef {
+        shared.refs.fetch_add(1, Ordering::Relaxed);
+        // SAFETY: the state is a `Shared`, and the reference was just counted.
+        unsafe { RuntimeRef::from_raw(NonNull::from(shared).cast::<RuntimeState>()) }
+    }
+
+    /// Materialises one reference from a stock the caller owns.
+    ///
+    /// # Safety
+    /// The caller must own at least one unit of stock (from `acquire_stock`) and give it up.
+    pub(crate) unsafe fn take_from_stock(&self) -> RuntimeRef {
+        // SAFETY: the same state; the unit of stock the caller gives up is its count.
+        unsafe { RuntimeRef::from_raw(self.as_raw()) }
+    }
+
+    /// Gives back `n` units of stock.
+    pub(crate) fn release_stock(&self, n: usize) {
+        if n > 0 {
+            // SAFETY: the caller owned `n` references, and `self` is one more, so this cannot
+            // reach zero here.
+            unsafe { self.release(n) };
+        }
+    }
+
+    /// # Safety
+    /// The caller gives up `n` references it owns.
+    unsafe fn release(&self, n: usize) {
+        // Release/Acquire as in `Arc::drop`: every use of the state happens before its free.
+        if self.refs.fetch_sub(n, Ordering::Release) == n {
+            std::sync::atomic::fence(Ordering::Acquire);
+            // SAFETY: the count reached zero: no other reference exists, and the pointer came
+            // from `Box::leak` in `new`.
+            drop(unsafe { Box::from_raw(self.ptr().cast_mut()) });
+        }
+    }
+
+    /// The state, as the `Shared` every `RuntimeRef` points to (see `new`, `from_shared`).
+    #[inline(always)]
+    pub(crate) fn ptr(&self) -> *const Shared {
+        self.as_raw().as_ptr().cast::<Shared>().cast_const()
+    }
+}
+
+impl Clone for RuntimeRef {
+    fn clone(&self) -> RuntimeRef {
+        self.refs.fetch_add(1, Ordering::Relaxed);
+        // SAFETY: the same state; the reference was just counted.
+        unsafe { RuntimeRef::from_raw(self.as_raw()) }
+    }
+}
+
+impl std::ops::Deref for RuntimeRef {
+    type Target = Shared;
+    fn deref(&self) -> &Shared {
+        // SAFETY: every `RuntimeRef` points to a `Shared` (see `ptr`), and the reference count
+        // keeps it alive while `self` exists.
+        unsafe { &*self.ptr() }
+    }
+}
+
+impl Drop for RuntimeRef {
+    fn drop(&mut self) {
+        let c = carrier::here();
+        if !c.is_null() {
+            // SAFETY: a non-null carrier pointer is the live carrier of this thread.
+            let c = unsafe { &*c };
+            if std::ptr::eq(c.shared(), self.ptr()) {
+                c.stock_ref();
+                return;
+            }
+        }
+        // SAFETY: this reference is being dropped: we own it and give it up.
+        unsafe { self.release(1) };
+    }
+}
+
+/// A record's last reference is gone: put it in a pool of its runtime, and drop the record's
+/// runtime reference. On one of the runtime's carriers both go to the carrier's own stocks,
+/// from one thread-local look (the reference's `Drop` would make a second).
+pub(crate) fn recycle_record(rt: RuntimeRef, ptr: NonNull<FiberRecord>) {
+    let c = carrier::here();
+    if !c.is_null() {
+        // SAFETY: a non-null carrier pointer is this thread's live carrier.
+        let c = unsafe { &*c };
+        if std::ptr::eq(c.shared(), rt.ptr()) {
+            c.give_record(ptr);
+            // Into the carrier's stock as a unit (see `Carrier::take_ref`).
+            c.stock_ref();
+            std::mem::forget(rt);
+            return;
+        }
+    }
+    rt.give_records(std::iter::once(ptr));
+}
+
+/// Makes `f` runnable, from anywhere.
+pub(crate) fn schedule(f: FiberRef, wake: Wake) {
+    let c = carrier::here();
+    if !c.is_null() {
+        // SAFETY: a non-null carrier pointer is the live carrier of this thread; we use it
+        // before any switch point.
+        let c = unsafe { &*c };
+        if std::ptr::eq(c.shared(), f.runtime().ptr()) {
+            c.schedule_local(f, wake);
+            return;
+        }
+    }
+    let rt = f.runtime().clone();
+    if matches!(wake, Wake::Unpark | Wake::Joiner) {
+        rt.remote.unparks.fetch_add(1, Ordering::Relaxed);
+    }
+    rt.schedule_remote(f);
+}
+
+impl Schedule for RuntimeRef {
+    #[inline(always)]
+    fn schedule(f: FiberRef, wake: Wake) {
+        schedule(f, wake);
+    }
+
+    #[inline(always)]
+    fn recycle(rt: RuntimeRef, rec: NonNull<FiberRecord>) {
+        recycle_record(rt, rec);
+    }
+
+    #[inline(always)]
+    fn arm_timer(rec: &FiberRecord, deadline: Instant) -> u64 {
+        crate::time::arm_timer(rec, deadline)
+    }
+
+    #[inline(always)]
+    fn disarm(rec: &FiberRecord, generation: u64) -> bool {
+        crate::time::disarm(rec, generation)
+    }
+
+    fn cancel_one(&self) -> bool {
+        super::shutdown::cancel_one(self)
+    }
+
+    #[inline(always)]
+    fn stamp(&self) -> Option<u64> {
+        self.clock.stamp()
+    }
+}
