@@ -16,8 +16,9 @@
 //! (`FiberRecord::set_yielded`, `try_claim`): a new or yielded fiber sits in a queue, and only
 //! the queue entry's owner can run it, so popping it needs no CAS. The flag lives beside the
 //! word, not in it, and the loom models here cover the word alone: only the thread that owns
-//! the queue entry writes or reads it (set when it queues the fiber, cleared when it pops it),
-//! so there is no interleaving to check, while in the word, which unparkers CAS concurrently,
+//! the queue entry writes or reads it (set when it queues the fiber, cleared when it pops it;
+//! a steal hands the entry over through the deque's own synchronisation; dumps only read it
+//! for display), so there is no interleaving to check, while in the word, which unparkers CAS concurrently,
 //! setting it would cost every yield and every spawn a locked read-modify-write. `NOTIFIED` is a flag beside
 //! the state: an `unpark` that finds the fiber not parked (running, queued, or compacting)
 //! leaves a token that its next `park` consumes, so no wake-up is lost. See `arch/fiber.md`.
