@@ -21,9 +21,9 @@ pub(super) struct Caches {
     /// Started fibers at home here, runnable, each with the deque's `pushed()` count when it
     /// was queued: it runs once everything queued in the deque before it has left (`home_due`),
     /// so the two queues together run in arrival order, as one deque did when fibers migrated.
-    /// Private: only this carrier ever runs them. The `VecDeque` keeps its capacity, so a
-    /// steady state allocates nothing.
-    pub(super) home: VecDeque<(FiberRef, usize)>,
+    /// Private: only this carrier ever runs them. It keeps its capacity, so a steady state
+    /// allocates nothing.
+    pub(super) home: HomeQueue<FiberRef>,
     pub(super) stacks: Vec<FiberStack>,
     /// Coroutines of the runtime's default stack class, each suspended between two fibers.
     pub(super) coroutines: Vec<Co>,
@@ -110,7 +110,7 @@ macro_rules! cache_accessors {
 }
 
 cache_accessors! {
-    home_queue => home: VecDeque<(FiberRef, usize)>,
+    home_queue => home: HomeQueue<FiberRef>,
     stack_cache => stacks: Vec<FiberStack>,
     coroutine_cache => coroutines: Vec<Co>,
     record_cache => records: Vec<NonNull<FiberRecord>>,

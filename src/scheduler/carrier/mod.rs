@@ -16,7 +16,6 @@
 //! - `switch.rs`: running a fiber, and what its switch out asks of the carrier.
 
 use std::cell::{Cell, UnsafeCell};
-use std::collections::VecDeque;
 use std::io;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::ptr::NonNull;
@@ -25,6 +24,7 @@ use std::time::{Duration, Instant};
 
 use corosensei::CoroutineResult;
 
+use super::home_queue::HomeQueue;
 use super::injector::Batch;
 use super::locations;
 use super::run_queue::{self, Local};
@@ -142,7 +142,7 @@ impl Carrier {
             slot,
             worker,
             caches: UnsafeCell::new(Caches {
-                home: VecDeque::with_capacity(LOCAL_CAP),
+                home: HomeQueue::with_capacity(LOCAL_CAP),
                 stacks: Vec::with_capacity(STACK_CACHE),
                 coroutines: Vec::with_capacity(COROUTINE_CACHE),
                 records: Vec::with_capacity(RECORD_CACHE),
