@@ -72,6 +72,35 @@ impl<T> HomeQueue<T> {
         Some(unsafe { self.slot(h).read().0 })
     }
 
+    /// `push_back(v, mark)`, then `pop_front(Some(taken))`, in one step: the queue's length
+    /// does not change when the front is due, so neither a growth check nor a length update
+    /// is needed (a yield's round trip when the yielder goes behind fibers already queued).
+    #[inline(always)]
+    pub(crate) fn push_pop_due(&mut self, v: T, mark: usize, taken: usize) -> Option<T> {
+        let (h, t) = (self.head, self.tail);
+        if h == t {
+            // `v` would be the front.
+            if mark <= taken {
+                return Some(v);
+            }
+        } else {
+            let front = self.slot(h);
+            // SAFETY: `h` is in `[head, tail)`: a live entry.
+            if unsafe { (*front).1 } <= taken {
+                // SAFETY: a live entry, leaving the queue (the head moves past it below).
+                let (next, _) = unsafe { front.read() };
+                // SAFETY: the slot at `t` is outside `[head, tail)`, or, when the queue is full,
+                // the front's slot (`t & mask == h & mask`), read just above: free either way.
+                unsafe { self.slot(t).write((v, mark)) };
+                self.head = h + 1;
+                self.tail = t + 1;
+                return Some(next);
+            }
+        }
+        self.push_back(v, mark);
+        None
+    }
+
     /// The oldest two entries, for a prefetch.
     #[inline(always)]
     pub(crate) fn peek_two(&self) -> (Option<&T>, Option<&T>) {
@@ -155,6 +184,27 @@ mod tests {
         assert_eq!(q.pop_front(Some(5)), None);
         assert_eq!(q.pop_front(None), Some('b'));
         assert_eq!(q.pop_front(Some(9)), None);
+    }
+
+    #[test]
+    fn push_pop_due_is_a_push_then_a_due_pop() {
+        // Empty: the pushed entry is the front.
+        let mut q = HomeQueue::with_capacity(2);
+        assert_eq!(q.push_pop_due('a', 3, 3), Some('a'));
+        assert_eq!(q.len(), 0);
+        assert_eq!(q.push_pop_due('a', 4, 3), None);
+        assert_eq!(q.len(), 1);
+        // Front not due: queued behind it.
+        assert_eq!(q.push_pop_due('b', 4, 3), None);
+        assert_eq!(q.len(), 2);
+        // Full (capacity 2), front due: the front leaves, the new one takes its slot.
+        assert_eq!(q.push_pop_due('c', 9, 4), Some('a'));
+        assert_eq!(q.len(), 2);
+        assert_eq!(q.peek_two(), (Some(&'b'), Some(&'c')));
+        assert_eq!(q.pop_front(None), Some('b'));
+        assert_eq!(q.pop_front(None), Some('c'));
+        assert_eq!(q.pop_front(None), None);
+        assert_eq!(q.peek_two(), (None, None));
     }
 
     #[test]

@@ -7,8 +7,9 @@
 //! running on this carrier reach it too, through a shared reference, between switch points.
 //!
 //! The loop is split into named steps: `next_local` → `search` (rounds of `find_work`) →
-//! `park_idle`, and `run_fiber` → `run_claimed` → `finish`; the switch path is inlined into the
-//! loop. See `arch/scheduler.md`. One `impl Carrier` per concern:
+//! `park_idle`, and `run_fiber` → `run_claimed` → `finish`, or `yield_at_home`, which may hand
+//! the carrier straight to the next fiber; the switch path is inlined into the loop. See
+//! `arch/scheduler.md`. One `impl Carrier` per concern:
 //! - `mod.rs`: the state, the thread's body and its loop, references and ids;
 //! - `caches.rs`: the caches of stacks, coroutines and records;
 //! - `queues.rs`: putting fibers in the LIFO slot, the home queue, the deque and the injector;
