@@ -180,7 +180,9 @@ impl Carrier {
             Suspend::Finished => {
                 self.finish(&f);
                 self.current.set(std::ptr::null());
-                FiberRef::release_finished(f);
+                if let Some((record, rt)) = FiberRef::release_finished(f) {
+                    self.finished_record(record, rt);
+                }
             }
         }
         None
