@@ -93,7 +93,10 @@ impl TimerHeap {
 }
 
 /// Arms a timer that unparks `rec` at `deadline`, on the carrier running it, and returns its
-/// generation (for `disarm`). Called by the fiber itself, just before it parks.
+/// generation (for `disarm`). Called by the fiber itself, just before it parks. Never inlined:
+/// inlined into `park_fiber` it made every untimed park save more registers
+/// (`arch/performance.md`).
+#[inline(never)]
 pub(crate) fn arm_timer(rec: &FiberRecord, deadline: Instant) -> u64 {
     let c = crate::scheduler::carrier::here();
     debug_assert!(!c.is_null(), "a fiber parks only on a carrier");

@@ -34,6 +34,17 @@ fn help_lists_the_flags_and_unknown_flags_are_errors() {
 }
 
 #[test]
+fn chained_fork_runs_its_chain_and_reports_per_link() {
+    let out =
+        example("chained_fork").args(["--n", "500", "--iters", "3", "--carriers", "1"]).output().unwrap();
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(out.status.success(), "chained_fork: {:?} {}", out.status, String::from_utf8_lossy(&out.stderr));
+    assert!(text.contains("500 links per op, 1 carriers, 3 ops") && text.contains("per link"), "{text}");
+    let help = String::from_utf8(example("chained_fork").arg("--help").output().unwrap().stdout).unwrap();
+    assert!(help.contains("--n N") && help.contains("links per op (default 10000)"), "{help}");
+}
+
+#[test]
 fn echo_server_stops_cleanly_on_sigint_and_sigterm() {
     for (sig, name) in [(libc::SIGINT, "SIGINT"), (libc::SIGTERM, "SIGTERM")] {
         let mut server = example("echo_server")

@@ -9,6 +9,8 @@ use std::time::{Duration, Instant};
 
 use virtual_threads as vt;
 
+mod common;
+
 fn rt(carriers: usize) -> vt::Runtime {
     vt::Runtime::builder().carriers(carriers).build().expect("runtime")
 }
@@ -293,6 +295,85 @@ fn on_one_carrier_a_yielding_fiber_lets_the_others_run() {
     assert_eq!(ran.load(Ordering::Relaxed), 100);
     stop.store(true, Ordering::Release);
     assert!(spinner.join().unwrap() > 0);
+}
+
+/// Fibers at home that yield to each other hand the carrier straight from one to the next
+/// (`Carrier::yield_at_home`), skipping the loop between fibers: whatever that loop looks at
+/// must still get its turn while they do. On one carrier, two yielders keep the home queue's
+/// front due the whole time, and meanwhile a sleeper's timer fires, a fiber woken from a plain
+/// thread (through the inbox) runs, a fiber woken by a yielder (the hand-off slot) runs, a
+/// fiber spawned from a plain thread (the injector) runs, and dropping the runtime while they
+/// still yield finishes (the loop's shutdown check).
+#[test]
+fn yielders_handing_over_directly_leave_timers_wakes_and_shutdown_their_turn() {
+    common::within(Duration::from_secs(60), "the yielders' test", || {
+        let rt = rt(1);
+        let stop = Arc::new(AtomicBool::new(false));
+        let yields = Arc::new(AtomicUsize::new(0));
+        let yielders: Vec<_> = (0..2)
+            .map(|_| {
+                let (stop, yields) = (stop.clone(), yields.clone());
+                rt.spawn(move || {
+                    while !stop.load(Ordering::Acquire) {
+                        yields.fetch_add(1, Ordering::Relaxed);
+                        vt::yield_now();
+                    }
+                })
+            })
+            .collect();
+        let running = |n: usize| {
+            let from = yields.load(Ordering::Relaxed);
+            while yields.load(Ordering::Relaxed) < from + n {
+                std::thread::yield_now();
+            }
+        };
+        running(1_000);
+        // A timer, fired by the busy carrier itself (every 61st switch).
+        let sleeper = rt.spawn(|| vt::sleep(Duration::from_millis(5)));
+        // A fiber parked at home, woken from this plain thread: through the inbox. It waits
+        // for its flag (a park may return early) and then raises `done`.
+        let parked_fiber = || {
+            let (flag, done) = (Arc::new(AtomicBool::new(false)), Arc::new(AtomicBool::new(false)));
+            let (f, d) = (flag.clone(), done.clone());
+            let (tx, rx) = std::sync::mpsc::channel();
+            let h = rt.spawn(move || {
+                tx.send(vt::current()).unwrap();
+                while !f.load(Ordering::Acquire) {
+                    vt::park();
+                }
+                d.store(true, Ordering::Release);
+            });
+            (h, rx.recv().unwrap(), flag, done)
+        };
+        let (parked, me, flag, _) = parked_fiber();
+        running(1_000);
+        flag.store(true, Ordering::Release);
+        me.unpark();
+        // A fiber parked at home, woken by a yielder: through the hand-off slot, so it runs
+        // next, before the yielders queued ahead of its waker.
+        let (woken, target, flag, done) = parked_fiber();
+        running(1_000);
+        let waker = rt.spawn(move || {
+            for _ in 0..100 {
+                vt::yield_now();
+            }
+            flag.store(true, Ordering::Release);
+            target.unpark();
+            vt::yield_now();
+            done.load(Ordering::Acquire)
+        });
+        sleeper.join().unwrap();
+        parked.join().unwrap();
+        assert!(waker.join().unwrap(), "the fiber its waker handed the carrier to did not run next");
+        woken.join().unwrap();
+        // Spawned from this plain thread: the injector.
+        assert_eq!(rt.spawn(|| 7).join().unwrap(), 7);
+        assert!(yielders.iter().all(|y| !y.is_finished()));
+        // Dropped while both still yield: the drop unwinds them.
+        drop(rt);
+        assert!(yielders.into_iter().all(|y| y.join().is_err()));
+        assert!(!stop.load(Ordering::Relaxed));
+    });
 }
 
 struct OnDrop(Arc<AtomicUsize>);

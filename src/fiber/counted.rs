@@ -6,6 +6,7 @@ use std::ptr::NonNull;
 use std::sync::atomic::{Ordering, fence};
 
 use super::FiberRecord;
+use super::schedule::RuntimeRef;
 
 /// A counted reference to a [`FiberRecord`] (the runtime's own `Arc`, so that the last drop
 /// recycles the record instead of freeing it).
@@ -91,8 +92,12 @@ impl FiberRef {
     }
 
     /// Drops `this` (the carrier's reference to a fiber that just finished) together with the
-    /// fiber's reference to itself: one atomic operation for both.
-    pub(crate) fn release_finished(this: FiberRef) {
+    /// fiber's reference to itself: one atomic operation for both. When those were the last
+    /// (nobody holds a handle: a detached fiber), returns the record, cleared, and its runtime
+    /// reference, for the carrier to keep both (`Carrier::finished_record`): the carrier is at
+    /// hand, where `recycle` would look it up again through the thread-local.
+    #[inline]
+    pub(crate) fn release_finished(this: FiberRef) -> Option<(NonNull<FiberRecord>, RuntimeRef)> {
         let ptr = this.0;
         std::mem::forget(this);
         // SAFETY: the record is live (we hold two of its references, given up here).
@@ -100,8 +105,9 @@ impl FiberRef {
         // Release/Acquire as in `Drop`.
         if r.refs.fetch_sub(2, Ordering::Release) == 2 {
             fence(Ordering::Acquire);
-            r.recycle(ptr);
+            return Some((ptr, r.clear()));
         }
+        None
     }
 }
 

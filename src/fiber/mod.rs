@@ -533,7 +533,17 @@ impl FiberRecord {
 
     /// The last reference is gone: clear what described this fiber and hand the record back
     /// to its runtime's pool.
+    #[inline(never)]
     fn recycle(&self, ptr: NonNull<FiberRecord>) {
+        let rt = self.clear();
+        // The pool belongs to the runtime, which our reference keeps alive until the end.
+        RuntimeRef::recycle(rt, ptr);
+    }
+
+    /// `recycle`'s first half: clears what described this fiber and returns the record's
+    /// runtime reference, which the caller gives back with the record.
+    #[inline(always)]
+    fn clear(&self) -> RuntimeRef {
         // SAFETY: no references remain: we have exclusive access.
         unsafe {
             if let Some(co) = (*self.co.get()).take() {
@@ -550,9 +560,7 @@ impl FiberRecord {
         }
         self.vtable.set(&NO_VTABLE);
         // SAFETY: exclusive, as above.
-        let rt = unsafe { (*self.runtime.get()).take() }.expect("a live fiber belongs to a runtime");
-        // The pool belongs to the runtime, which our reference keeps alive until the end.
-        RuntimeRef::recycle(rt, ptr);
+        unsafe { (*self.runtime.get()).take() }.expect("a live fiber belongs to a runtime")
     }
 }
 

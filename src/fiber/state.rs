@@ -85,7 +85,9 @@ impl StateWord {
     }
 
     /// Sets the word of a record nobody else can see (`FiberRecord::init`): Relaxed, because
-    /// handing the record out publishes it.
+    /// handing the record out publishes it. Inline: a spawn's one store, and as a call from
+    /// another codegen unit it was a call through the GOT.
+    #[inline]
     pub(crate) fn reset(&self, state: u32) {
         self.0.store(state, Ordering::Relaxed);
     }

@@ -45,18 +45,25 @@ impl Idle {
     }
 
     /// Step 2: after making work visible, wake one sleeper if nobody is searching.
-    /// Returns the carrier to unpark. On the spawn path: inlined, its fast path is a fence, a
-    /// load and a test (LLVM stopped inlining it when `notify` gained a caller, which every
-    /// spawn paid for).
-    #[inline]
+    /// Returns the carrier to unpark. `Shared::notify` makes its two steps itself, so that the
+    /// first (a fence, a load and a test: `notify_needed`) is inlined into every spawn and the
+    /// second is a call only when a sleeper must be woken; the loom models call this.
+    #[cfg_attr(not(loom), allow(dead_code))]
     pub(crate) fn notify_one(&self) -> Option<usize> {
-        // Pairs with the SeqCst RMW in `register`: either we see the sleeper or it sees our work.
-        fence(Ordering::SeqCst);
-        let c = self.counts.load(Ordering::Relaxed);
-        if c & SEARCHING_MASK != 0 || c < SLEEPER {
+        if !self.notify_needed() {
             return None;
         }
         self.pop_sleeper()
+    }
+
+    /// `notify_one`'s first step, apart so that its callers can inline it: whether a sleeper
+    /// must be woken (nobody searches and someone sleeps).
+    #[inline]
+    pub(crate) fn notify_needed(&self) -> bool {
+        // Pairs with the SeqCst RMW in `register`: either we see the sleeper or it sees our work.
+        fence(Ordering::SeqCst);
+        let c = self.counts.load(Ordering::Relaxed);
+        c & SEARCHING_MASK == 0 && c >= SLEEPER
     }
 
     pub(crate) fn pop_sleeper(&self) -> Option<usize> {

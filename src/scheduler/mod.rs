@@ -11,7 +11,7 @@
 //! |---|---|
 //! | `shared.rs` | `Shared`, the state every carrier and waker sees; `CarrierSlot`, a carrier's part of it other threads touch; counters; starting, retiring and waking carriers |
 //! | `carrier/` | a carrier's own hot state and loop (`Carrier`, on its thread's stack) |
-//! | `run_queue.rs`, `inbox.rs`, `injector.rs` | the stealable deque, the home inbox, the global sharded queue |
+//! | `run_queue.rs`, `home_queue.rs`, `inbox.rs`, `injector.rs` | the stealable deque, the private home queue, the home inbox, the global sharded queue |
 //! | `idle.rs` | the sleep/wake protocol that loses no wake-up |
 //! | `runtime_ref.rs` | the counted `RuntimeRef` and the `Schedule` impl fiber/ calls through |
 //! | `supervisor.rs`, `compactor.rs`, `locations.rs` | blocked-carrier detection and compensation, the compaction policy, blocking locations |
@@ -24,6 +24,7 @@ mod affinity;
 pub(crate) mod carrier;
 mod compactor;
 pub(crate) mod config;
+mod home_queue;
 mod idle;
 mod inbox;
 mod injector;

@@ -574,8 +574,19 @@ impl Shared {
     }
 
     /// Wakes one sleeping carrier if work was made visible and nobody is looking for it.
+    /// Inline: every spawn calls it, and most calls end at the fence and one load (someone
+    /// searches, or nobody sleeps); as a call it cost a frame with register saves.
+    #[inline]
     pub(crate) fn notify(&self) {
-        if let Some(i) = self.idle.notify_one() {
+        if self.idle.notify_needed() {
+            self.notify_slow();
+        }
+    }
+
+    /// `notify` once a sleeper must be woken.
+    #[inline(never)]
+    fn notify_slow(&self) {
+        if let Some(i) = self.idle.pop_sleeper() {
             self.unpark_carrier(i);
         }
     }

@@ -21,9 +21,9 @@ pub(super) struct Caches {
     /// Started fibers at home here, runnable, each with the deque's `pushed()` count when it
     /// was queued: it runs once everything queued in the deque before it has left (`home_due`),
     /// so the two queues together run in arrival order, as one deque did when fibers migrated.
-    /// Private: only this carrier ever runs them. The `VecDeque` keeps its capacity, so a
-    /// steady state allocates nothing.
-    pub(super) home: VecDeque<(FiberRef, usize)>,
+    /// Private: only this carrier ever runs them. It keeps its capacity, so a steady state
+    /// allocates nothing.
+    pub(super) home: HomeQueue<FiberRef>,
     pub(super) stacks: Vec<FiberStack>,
     /// Coroutines of the runtime's default stack class, each suspended between two fibers.
     pub(super) coroutines: Vec<Co>,
@@ -110,7 +110,7 @@ macro_rules! cache_accessors {
 }
 
 cache_accessors! {
-    home_queue => home: VecDeque<(FiberRef, usize)>,
+    home_queue => home: HomeQueue<FiberRef>,
     stack_cache => stacks: Vec<FiberStack>,
     coroutine_cache => coroutines: Vec<Co>,
     record_cache => records: Vec<NonNull<FiberRecord>>,
@@ -171,14 +171,37 @@ impl Carrier {
         cache.pop().unwrap_or_else(|| self.rt.roots.alloc(self.index, self.rt.stacks, &mut cache))
     }
 
+    /// A record whose fiber finished here and whose last reference went with it, cleared, and
+    /// its runtime reference (ours: a carrier runs its own runtime's fibers only): both go to
+    /// this carrier's stocks, as `runtime_ref::recycle_record` does without knowing the carrier.
+    #[inline]
+    pub(super) fn finished_record(&self, r: NonNull<FiberRecord>, rt: RuntimeRef) {
+        debug_assert!(std::ptr::eq(rt.ptr(), self.rt.ptr()));
+        self.give_record(r);
+        self.stock_ref();
+        std::mem::forget(rt);
+    }
+
     /// Takes an unused record into the local cache (half the cache goes to the shared pool
     /// when it is full).
+    #[inline]
     pub(crate) fn give_record(&self, r: NonNull<FiberRecord>) {
         let mut cache = self.record_cache();
         if cache.len() >= RECORD_CACHE {
-            self.rt.give_records(cache.drain(..RECORD_CACHE / 2));
+            // The slow half borrows the cache itself.
+            drop(cache);
+            self.give_records_back();
+            cache = self.record_cache();
         }
         cache.push(r);
+    }
+
+    /// A full record cache gives half of itself to the shared pool.
+    #[cold]
+    #[inline(never)]
+    pub(super) fn give_records_back(&self) {
+        let mut cache = self.record_cache();
+        self.rt.give_records(cache.drain(..RECORD_CACHE / 2));
     }
 
     /// Makes sure a stack of `class` can be had for a fiber about to be spawned here.

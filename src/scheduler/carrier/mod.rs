@@ -7,8 +7,9 @@
 //! running on this carrier reach it too, through a shared reference, between switch points.
 //!
 //! The loop is split into named steps: `next_local` → `search` (rounds of `find_work`) →
-//! `park_idle`, and `run_fiber` → `run_claimed` → `finish`; the switch path is inlined into the
-//! loop. See `arch/scheduler.md`. One `impl Carrier` per concern:
+//! `park_idle`, and `run_fiber` → `run_claimed` → `finish`, or `yield_at_home`, which may hand
+//! the carrier straight to the next fiber; the switch path is inlined into the loop. See
+//! `arch/scheduler.md`. One `impl Carrier` per concern:
 //! - `mod.rs`: the state, the thread's body and its loop, references and ids;
 //! - `caches.rs`: the caches of stacks, coroutines and records;
 //! - `queues.rs`: putting fibers in the LIFO slot, the home queue, the deque and the injector;
@@ -16,7 +17,6 @@
 //! - `switch.rs`: running a fiber, and what its switch out asks of the carrier.
 
 use std::cell::{Cell, UnsafeCell};
-use std::collections::VecDeque;
 use std::io;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::ptr::NonNull;
@@ -25,6 +25,7 @@ use std::time::{Duration, Instant};
 
 use corosensei::CoroutineResult;
 
+use super::home_queue::HomeQueue;
 use super::injector::Batch;
 use super::locations;
 use super::run_queue::{self, Local};
@@ -142,7 +143,7 @@ impl Carrier {
             slot,
             worker,
             caches: UnsafeCell::new(Caches {
-                home: VecDeque::with_capacity(LOCAL_CAP),
+                home: HomeQueue::with_capacity(LOCAL_CAP),
                 stacks: Vec::with_capacity(STACK_CACHE),
                 coroutines: Vec::with_capacity(COROUTINE_CACHE),
                 records: Vec::with_capacity(RECORD_CACHE),

@@ -72,10 +72,8 @@ impl Carrier {
     #[inline]
     pub(super) fn peek_next_two(&self) -> (usize, usize) {
         let home = self.home_queue();
-        match (home.front(), home.get(1)) {
-            (Some((a, _)), b) => {
-                (FiberRef::as_ptr(a) as usize, b.map_or(0, |(b, _)| FiberRef::as_ptr(b) as usize))
-            }
+        match home.peek_two() {
+            (Some(a), b) => (FiberRef::as_ptr(a) as usize, b.map_or(0, |b| FiberRef::as_ptr(b) as usize)),
             (None, _) => self.worker.peek_words(),
         }
     }
@@ -84,7 +82,7 @@ impl Carrier {
     #[inline]
     pub(super) fn home_push(&self, f: FiberRef) {
         let mut home = self.home_queue();
-        home.push_back((f, self.worker.pushed()));
+        home.push_back(f, self.worker.pushed());
         self.slot().home_len.store(home.len(), Ordering::Relaxed);
     }
 
@@ -93,11 +91,10 @@ impl Carrier {
     #[inline]
     pub(super) fn home_pop(&self, due_only: bool) -> Option<FiberRef> {
         let mut home = self.home_queue();
-        let &(_, mark) = home.front()?;
-        if due_only && mark > self.worker.taken() {
+        if home.len() == 0 {
             return None;
         }
-        let (f, _) = home.pop_front()?;
+        let f = home.pop_front(due_only.then(|| self.worker.taken()))?;
         self.slot().home_len.store(home.len(), Ordering::Relaxed);
         Some(f)
     }

@@ -5,19 +5,26 @@ use super::caches::take_finished;
 use super::*;
 
 impl Carrier {
+    /// Runs `f`, and then, as long as each fiber yields straight to the next (`yield_at_home`),
+    /// the fibers it hands over to, without going back through the loop.
     #[inline(always)]
-    pub(super) fn run_fiber(&self, f: FiberRef) {
-        debug_assert!({
-            let home = f.home.load(Ordering::Relaxed);
-            home == NO_HOME || home == self.index
-        });
-        match f.try_claim() {
-            Claim::Claimed => {}
-            Claim::Compacted => self.restore(&f),
-            Claim::Lost => return,
+    pub(super) fn run_fiber(&self, mut f: FiberRef) {
+        loop {
+            debug_assert!({
+                let home = f.home.load(Ordering::Relaxed);
+                home == NO_HOME || home == self.index
+            });
+            match f.try_claim() {
+                Claim::Claimed => {}
+                Claim::Compacted => self.restore(&f),
+                Claim::Lost => return,
+            }
+            // One call site, so that it is inlined here as before compaction existed.
+            match self.run_claimed(f) {
+                Some(next) => f = next,
+                None => return,
+            }
         }
-        // One call site, so that it is inlined here as before compaction existed.
-        self.run_claimed(f);
     }
 
     /// Starts the loads that this switch and the next two will wait on, so that they overlap
@@ -65,7 +72,9 @@ impl Carrier {
         bump(&stats.restored_bytes, bytes as u64);
     }
 
-    pub(super) fn run_claimed(&self, mut f: FiberRef) {
+    /// Runs a claimed fiber until it switches out; returns the fiber to run next when a yield
+    /// chose it (`yield_at_home`).
+    pub(super) fn run_claimed(&self, mut f: FiberRef) -> Option<FiberRef> {
         self.prefetch_ahead(&f);
         let slot = self.slot();
         self.current.set(FiberRef::as_ptr(&f));
@@ -78,7 +87,7 @@ impl Carrier {
                     Ok(()) => {
                         // Its run is counted where it starts.
                         self.current.set(std::ptr::null());
-                        return;
+                        return None;
                     }
                     Err(back) => f = back,
                 }
@@ -94,7 +103,7 @@ impl Carrier {
                 bump(&slot.stats.finished, 1);
                 FiberRecord::finish_now(&f);
                 self.current.set(std::ptr::null());
-                return;
+                return None;
             }
             if let Some(e) = site {
                 locations::count_run(e);
@@ -148,19 +157,18 @@ impl Carrier {
                     f.since.store(now, Ordering::Relaxed);
                 }
                 f.set_yielded();
-                self.current.set(std::ptr::null());
                 // What `schedule_local` decides for a yield, without its dispatch on the wake
                 // kind: a fiber that ran here is at home here, or has none.
                 debug_assert!(
                     matches!(f.home.load(Ordering::Relaxed), NO_HOME)
                         || f.home.load(Ordering::Relaxed) == self.index
                 );
-                if f.home.load(Ordering::Relaxed) == NO_HOME {
-                    if let Err(f) = self.worker.push(f) {
-                        self.push_full(f);
-                    }
-                } else {
-                    self.home_push(f);
+                if f.home.load(Ordering::Relaxed) != NO_HOME {
+                    return self.yield_at_home(f);
+                }
+                self.current.set(std::ptr::null());
+                if let Err(f) = self.worker.push(f) {
+                    self.push_full(f);
                 }
             }
             Suspend::Park => {
@@ -172,9 +180,44 @@ impl Carrier {
             Suspend::Finished => {
                 self.finish(&f);
                 self.current.set(std::ptr::null());
-                FiberRef::release_finished(f);
+                if let Some((record, rt)) = FiberRef::release_finished(f) {
+                    self.finished_record(record, rt);
+                }
             }
         }
+        None
+    }
+
+    /// A fiber at home here yielded: queue it behind the others and, where `run_loop` would
+    /// take the home queue's front next anyway, return that front to run at once. That is so
+    /// when nothing else asks for a look first: not the 61st tick (timers, the injector, the
+    /// reactor), an empty inbox and hand-off slot, and a front that is due (nothing queued in
+    /// the deque before it). Then the yielder's push and the front's pop are one step that
+    /// leaves the queue's length as it was, and the loop's checks between fibers (shutdown, a
+    /// spare's retirement, the searching state) are skipped: this carrier was not searching,
+    /// a spare does not retire with fibers at home, and the 61st tick goes back to the loop,
+    /// which then sees a shutdown. Otherwise `None`: the fiber is queued as before.
+    #[inline(always)]
+    fn yield_at_home(&self, f: FiberRef) -> Option<FiberRef> {
+        let slot = self.slot();
+        let tick = self.tick.get().wrapping_add(1);
+        let mut home = self.home_queue();
+        if tick % GLOBAL_CHECK_INTERVAL != 0
+            && !slot.inbox.maybe_nonempty()
+            && slot.lifo.load(Ordering::Relaxed).is_null()
+        {
+            if let Some(next) = home.push_pop_due(f, self.worker.pushed(), self.worker.taken()) {
+                // What `next_local` records when it takes the home queue's front.
+                self.tick.set(tick);
+                self.lifo_streak.set(0);
+                return Some(next);
+            }
+        } else {
+            home.push_back(f, self.worker.pushed());
+        }
+        slot.home_len.store(home.len(), Ordering::Relaxed);
+        self.current.set(std::ptr::null());
+        None
     }
 
     /// A fiber about to start here whose spawn site is known to block (`locations.rs`) starts

@@ -1,0 +1,222 @@
+//! A carrier's home queue: the started fibers at home on it that are runnable, oldest first,
+//! each with a mark (the deque's push count when it was queued; see `Carrier::home_pop`).
+//!
+//! Private to its carrier (no atomics): a ring of a power-of-two size indexed by two counters
+//! that never wrap on a 64-bit target, so a slot is `i & mask`, a length is `tail - head`, and
+//! neither a push nor a pop checks for a wrap. It grows (doubles, out of line) when full and
+//! never shrinks, so a steady state allocates nothing. It replaced a `VecDeque`, whose index
+//! arithmetic for an arbitrary capacity (a compare and a conditional move per access) and
+//! growth check on every push sat on every yield (`arch/performance.md`).
+//! See `arch/scheduler.md`.
+
+use std::mem::MaybeUninit;
+
+pub(crate) struct HomeQueue<T> {
+    /// `slots.len()` is a power of two; `[head, tail)` are the live entries.
+    slots: Box<[MaybeUninit<(T, usize)>]>,
+    head: usize,
+    tail: usize,
+}
+
+impl<T> HomeQueue<T> {
+    /// An empty queue with room for `capacity` entries (rounded up to a power of two).
+    pub(crate) fn with_capacity(capacity: usize) -> Self {
+        let n = capacity.max(2).next_power_of_two();
+        HomeQueue { slots: (0..n).map(|_| MaybeUninit::uninit()).collect(), head: 0, tail: 0 }
+    }
+
+    #[inline(always)]
+    fn slot(&mut self, i: usize) -> *mut (T, usize) {
+        let m = self.slots.len() - 1;
+        // SAFETY: `i & m < slots.len()`, a power of two.
+        unsafe { self.slots.get_unchecked_mut(i & m).as_mut_ptr() }
+    }
+
+    #[inline(always)]
+    fn slot_ref(&self, i: usize) -> *const (T, usize) {
+        let m = self.slots.len() - 1;
+        // SAFETY: as in `slot`.
+        unsafe { self.slots.get_unchecked(i & m).as_ptr() }
+    }
+
+    #[inline(always)]
+    pub(crate) fn len(&self) -> usize {
+        self.tail - self.head
+    }
+
+    /// Queues `v` at the back with its `mark`.
+    #[inline(always)]
+    pub(crate) fn push_back(&mut self, v: T, mark: usize) {
+        if self.len() == self.slots.len() {
+            self.grow();
+        }
+        let t = self.tail;
+        // SAFETY: the slot is outside `[head, tail)` (the queue is not full): it holds nothing.
+        unsafe { self.slot(t).write((v, mark)) };
+        self.tail = t + 1;
+    }
+
+    /// The oldest entry, if its mark is at most `taken` (`due`), or in any case.
+    #[inline(always)]
+    pub(crate) fn pop_front(&mut self, due: Option<usize>) -> Option<T> {
+        let h = self.head;
+        if h == self.tail {
+            return None;
+        }
+        // SAFETY: `h` is in `[head, tail)`: a live entry.
+        if due.is_some_and(|taken| unsafe { (*self.slot_ref(h)).1 } > taken) {
+            return None;
+        }
+        self.head = h + 1;
+        // SAFETY: as above; the entry leaves the queue (the head moved past it), read once.
+        Some(unsafe { self.slot(h).read().0 })
+    }
+
+    /// `push_back(v, mark)`, then `pop_front(Some(taken))`, in one step: the queue's length
+    /// does not change when the front is due, so neither a growth check nor a length update
+    /// is needed (a yield's round trip when the yielder goes behind fibers already queued).
+    #[inline(always)]
+    pub(crate) fn push_pop_due(&mut self, v: T, mark: usize, taken: usize) -> Option<T> {
+        let (h, t) = (self.head, self.tail);
+        if h == t {
+            // `v` would be the front.
+            if mark <= taken {
+                return Some(v);
+            }
+        } else {
+            let front = self.slot(h);
+            // SAFETY: `h` is in `[head, tail)`: a live entry.
+            if unsafe { (*front).1 } <= taken {
+                // SAFETY: a live entry, leaving the queue (the head moves past it below).
+                let (next, _) = unsafe { front.read() };
+                // SAFETY: the slot at `t` is outside `[head, tail)`, or, when the queue is full,
+                // the front's slot (`t & mask == h & mask`), read just above: free either way.
+                unsafe { self.slot(t).write((v, mark)) };
+                self.head = h + 1;
+                self.tail = t + 1;
+                return Some(next);
+            }
+        }
+        self.push_back(v, mark);
+        None
+    }
+
+    /// The oldest two entries, for a prefetch.
+    #[inline(always)]
+    pub(crate) fn peek_two(&self) -> (Option<&T>, Option<&T>) {
+        let (h, n) = (self.head, self.len());
+        // SAFETY: entries in `[head, tail)` are live; the references borrow `self`.
+        let at = |i: usize| unsafe { &(*self.slot_ref(i)).0 };
+        match n {
+            0 => (None, None),
+            1 => (Some(at(h)), None),
+            _ => (Some(at(h)), Some(at(h + 1))),
+        }
+    }
+
+    /// Twice the room, the live entries moved over in order.
+    #[cold]
+    #[inline(never)]
+    fn grow(&mut self) {
+        let n = self.slots.len();
+        let mut bigger: Box<[MaybeUninit<(T, usize)>]> = (0..2 * n).map(|_| MaybeUninit::uninit()).collect();
+        for (k, i) in (self.head..self.tail).enumerate() {
+            // SAFETY: a live entry, moved once into the new ring's slot `k` (in bounds: the old
+            // ring held at most `n` of them).
+            unsafe { bigger[k].write(self.slot(i).read()) };
+        }
+        self.tail -= self.head;
+        self.head = 0;
+        self.slots = bigger;
+    }
+}
+
+impl<T> Drop for HomeQueue<T> {
+    fn drop(&mut self) {
+        while self.pop_front(None).is_some() {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::HomeQueue;
+    use std::rc::Rc;
+
+    #[test]
+    fn fifo_across_growth_and_wraps() {
+        let mut q = HomeQueue::with_capacity(4);
+        let mut next_in = 0;
+        let mut next_out = 0;
+        // Interleave pushes and pops so that the counters wrap the ring many times, and let it
+        // grow twice on the way.
+        for round in 0..100 {
+            for _ in 0..(round % 7) {
+                q.push_back(next_in, next_in);
+                next_in += 1;
+            }
+            for _ in 0..(round % 5) {
+                if let Some(v) = q.pop_front(None) {
+                    assert_eq!(v, next_out);
+                    next_out += 1;
+                }
+            }
+            assert_eq!(q.len(), next_in - next_out);
+        }
+        while let Some(v) = q.pop_front(None) {
+            assert_eq!(v, next_out);
+            next_out += 1;
+        }
+        assert_eq!(next_out, next_in);
+        assert!(q.slots.len() > 4, "the test meant to make it grow");
+    }
+
+    #[test]
+    fn pop_due_respects_the_mark() {
+        let mut q = HomeQueue::with_capacity(4);
+        assert_eq!(q.peek_two(), (None, None));
+        q.push_back('a', 5);
+        assert_eq!(q.peek_two(), (Some(&'a'), None));
+        assert_eq!(q.pop_front(Some(4)), None);
+        assert_eq!(q.len(), 1);
+        q.push_back('b', 6);
+        assert_eq!(q.peek_two(), (Some(&'a'), Some(&'b')));
+        assert_eq!(q.pop_front(Some(5)), Some('a'));
+        assert_eq!(q.pop_front(Some(5)), None);
+        assert_eq!(q.pop_front(None), Some('b'));
+        assert_eq!(q.pop_front(Some(9)), None);
+    }
+
+    #[test]
+    fn push_pop_due_is_a_push_then_a_due_pop() {
+        // Empty: the pushed entry is the front.
+        let mut q = HomeQueue::with_capacity(2);
+        assert_eq!(q.push_pop_due('a', 3, 3), Some('a'));
+        assert_eq!(q.len(), 0);
+        assert_eq!(q.push_pop_due('a', 4, 3), None);
+        assert_eq!(q.len(), 1);
+        // Front not due: queued behind it.
+        assert_eq!(q.push_pop_due('b', 4, 3), None);
+        assert_eq!(q.len(), 2);
+        // Full (capacity 2), front due: the front leaves, the new one takes its slot.
+        assert_eq!(q.push_pop_due('c', 9, 4), Some('a'));
+        assert_eq!(q.len(), 2);
+        assert_eq!(q.peek_two(), (Some(&'b'), Some(&'c')));
+        assert_eq!(q.pop_front(None), Some('b'));
+        assert_eq!(q.pop_front(None), Some('c'));
+        assert_eq!(q.pop_front(None), None);
+        assert_eq!(q.peek_two(), (None, None));
+    }
+
+    #[test]
+    fn dropping_a_non_empty_queue_drops_its_entries() {
+        let live = Rc::new(());
+        let mut q = HomeQueue::with_capacity(2);
+        for i in 0..5 {
+            q.push_back(live.clone(), i);
+        }
+        drop(q.pop_front(None));
+        assert_eq!(Rc::strong_count(&live), 5);
+        drop(q);
+        assert_eq!(Rc::strong_count(&live), 1);
+    }
+}
