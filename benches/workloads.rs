@@ -8,7 +8,8 @@
 //! Run: `cargo bench --bench workloads` (about 2 minutes on 2 cores, much of it std threads);
 //! `cargo bench --bench workloads -- W4` runs the workloads whose name contains `W4`;
 //! `cargo test --benches` runs each op once as a smoke test. `WORKLOADS_RUNTIMES=tokio,rayon`
-//! keeps only those peers (vt always runs), `WORKLOADS_PARTS=table,w7` only those parts
+//! keeps only those peers (vt always runs), `WORKLOADS_ROUNDS=41` times 41 rounds instead of 11,
+//! `WORKLOADS_PARTS=table,w7` only those parts
 //! (`criterion`, `table`, `w6`, `w7`); `.ci/scaling` uses both for its short runs at several
 //! widths. The run has three parts:
 //! 1. criterion groups `W1_fork_join` … `W5_yield_many`, one function per runtime: criterion's
@@ -82,6 +83,13 @@ const FLOORS: &[&str] = &["bare"];
 /// that), each runtime's warm-up before them, the pause after each op (see `settle`), and W6's
 /// child processes per runtime.
 const ROUNDS: usize = 11;
+
+/// Rounds of the table and of W7: `ROUNDS`, or `WORKLOADS_ROUNDS` from the environment (more
+/// rounds narrow the medians; on this 2-vCPU machine an op's speed can double from one minute to
+/// the next, and 11 rounds do not resolve 5%).
+fn rounds() -> usize {
+    std::env::var("WORKLOADS_ROUNDS").ok().and_then(|r| r.parse().ok()).filter(|&r| r > 0).unwrap_or(ROUNDS)
+}
 const WARM_UP: Duration = Duration::from_millis(200);
 const SETTLE: Duration = Duration::from_millis(5);
 const W6_RUNS: usize = 5;
@@ -798,7 +806,10 @@ mod w7 {
     }
 
     pub fn report(p: &Peers) {
-        println!("\nW7 sleep_many      n = 10,000 tasks sleep 10 ms; wall time per op, median of {ROUNDS}");
+        println!(
+            "\nW7 sleep_many      n = 10,000 tasks sleep 10 ms; wall time per op, median of {}",
+            rounds()
+        );
         let ops: [(&str, Op); 3] = [("vt", vt), ("migrate", migrate), ("tokio", tokio)];
         for (which, wall) in ops.iter().zip(interleaved(p, &ops)) {
             let ms = Stats::of(wall.iter().map(|d| d.as_secs_f64() * 1e3).collect());
@@ -878,8 +889,9 @@ fn interleaved(p: &Peers, ops: &[(&str, Op)]) -> Vec<Vec<Duration>> {
             op(p);
         }
     }
-    let mut times = vec![Vec::with_capacity(ROUNDS); ops.len()];
-    for round in 0..ROUNDS {
+    let rounds = rounds();
+    let mut times = vec![Vec::with_capacity(rounds); ops.len()];
+    for round in 0..rounds {
         // Each round starts with the next runtime, so that none always runs first (right after
         // another runtime's op) or last.
         for i in (0..ops.len()).map(|i| (i + round) % ops.len()) {
@@ -930,7 +942,7 @@ fn criterion_group(c: &mut Criterion, p: &Peers, ops: &[(&'static str, Op)], id:
 /// Prints the table of medians (ops/s) with min and max, and this runtime's speed-up on each.
 fn print_table(p: &Peers, args: &Args) {
     let machine = cpu_model();
-    println!("\nWorkloads W1–W5: ops/s, median of {ROUNDS} interleaved rounds after warm-up (min – max)");
+    println!("\nWorkloads W1–W5: ops/s, median of {} interleaved rounds after warm-up (min – max)", rounds());
     println!("machine: {machine}, {} cores; every runtime has {} workers\n", cores(), cores());
     println!(
         "{:<16} {:<14} {:<7} {:>9}  {:>21}  {:>11}",
