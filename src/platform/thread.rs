@@ -37,8 +37,8 @@ pub(crate) fn unpin_current() {
     }
 }
 
-/// Lets thread `tid` of this process run on `cpus` only (`sched_setaffinity`). CPUs at or
-/// beyond `CPU_SETSIZE` are ignored; an empty or unusable set is the OS's `EINVAL`.
+/// Lets thread `tid`, a live thread of this process, run on `cpus` only (`sched_setaffinity`).
+/// CPUs at or beyond `CPU_SETSIZE` are ignored; an empty or unusable set is the OS's `EINVAL`.
 pub(crate) fn set_affinity(tid: i32, cpus: &[usize]) -> io::Result<()> {
     // SAFETY: cpu_set_t is plain data; all zeroes is the empty set.
     let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
@@ -46,8 +46,9 @@ pub(crate) fn set_affinity(tid: i32, cpus: &[usize]) -> io::Result<()> {
         // SAFETY: `c` is below CPU_SETSIZE, so CPU_SET writes inside `set`.
         unsafe { libc::CPU_SET(c, &mut set) };
     }
-    // SAFETY: `set` is a valid cpu_set_t of the size passed. A stale tid (a thread that exited)
-    // is ESRCH, or at worst another thread of ours that reused the id, which only moves it.
+    // SAFETY: `set` is a valid cpu_set_t of the size passed. Thread ids are system-wide, so the
+    // caller passes only live threads of this process: its own id, or a carrier's from the
+    // supervisor, which the drop joins before any carrier thread ends.
     if unsafe { libc::sched_setaffinity(tid, std::mem::size_of::<libc::cpu_set_t>(), &set) } != 0 {
         return Err(io::Error::last_os_error());
     }
