@@ -123,7 +123,9 @@ impl Fiber {
     }
 
     /// Whether this handle is for the fiber running this code. The handle counts its record,
-    /// so an equal pointer cannot be another fiber that reuses the record.
+    /// so an equal pointer cannot be another fiber that reuses the record. (Not under loom,
+    /// whose waiters are loom threads: `sync/wait_list.rs`.)
+    #[cfg(not(loom))]
     pub(crate) fn is_running_fiber(&self) -> bool {
         match self.view() {
             View::Fiber(r) => std::ptr::eq(FiberRef::as_ptr(r), context::current_fiber()),
