@@ -166,9 +166,24 @@ fn main() {
     if args.part("w7") && args.wants("W7_sleep_many", &["vt", "tokio"]) {
         w7::report(&peers);
     }
+    peers.report_floats();
 }
 
 impl Peers {
+    /// Says which vt carriers floated off a shared CPU during the run (the default policy,
+    /// `runtime::Builder::pin_carriers`): a row whose carriers floated ran partly unpinned, which
+    /// moves fork-join figures by a third on this machine (the README's "CPU affinity").
+    fn report_floats(&self) {
+        for (name, rt) in [("vt", &self.vt), ("migrate", &self.vt_migrate)] {
+            let floats: Vec<u64> = rt.metrics().per_carrier.iter().map(|c| c.floats).collect();
+            if floats.iter().any(|&f| f > 0) {
+                println!(
+                    "note: {name}'s carriers floated off a shared CPU during the run ({floats:?} times per carrier)"
+                );
+            }
+        }
+    }
+
     fn new() -> Peers {
         let cores = cores();
         may::config().set_workers(cores);
