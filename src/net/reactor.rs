@@ -215,3 +215,19 @@ impl PollSet {
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
+
+#[cfg(test)]
+mod tests {
+    /// Two descriptors per started carrier, not per carrier slot: 256 slots opened 512
+    /// descriptors up front otherwise.
+    #[test]
+    fn only_started_carriers_open_a_poll_set() {
+        let rt = crate::Runtime::builder().carriers(2).max_carriers(256).build().unwrap();
+        let h = rt.handle();
+        let shared = h.runtime();
+        let open = shared.reactor.sets.iter().filter(|s| s.get().is_some()).count();
+        // No fiber ran, so no spare started: the two carriers asked for, and only they.
+        assert_eq!(open, 2);
+        assert_eq!(shared.started(), 2);
+    }
+}
