@@ -121,15 +121,16 @@ impl Reactor {
     /// for that poll.
     pub(crate) fn poll(&self, i: usize, timeout: Option<Duration>) -> usize {
         let set = self.set(i);
-        set.poll(&mut lock(&set.buffers), timeout)
+        set.poll(&mut lock(&set.buffers), timeout, true)
     }
 
     /// A poll without blocking, skipped while another thread polls the set (which reads it
     /// anyway): the owner's periodic poll, or a helper's for an owner blocked in the OS.
-    pub(crate) fn try_poll(&self, i: usize) -> usize {
+    /// `owner`: the caller is carrier `i` (a helper passes the eventfd's wake on to it).
+    pub(crate) fn try_poll(&self, i: usize, owner: bool) -> usize {
         let Some(set) = self.sets[i].get() else { return 0 };
         match set.buffers.try_lock() {
-            Ok(mut b) => set.poll(&mut b, Some(Duration::ZERO)),
+            Ok(mut b) => set.poll(&mut b, Some(Duration::ZERO), owner),
             Err(_) => 0,
         }
     }
@@ -169,7 +170,11 @@ impl Reactor {
 
 impl PollSet {
     /// One poll; the caller holds `buffers` (which serialises polls of this set).
-    fn poll(&self, buffers: &mut PollBuffers, timeout: Option<Duration>) -> usize {
+    /// `owner`: whether the caller is the set's carrier. A wake read by a helper is meant for
+    /// the owner, which may be about to sleep here (waiting for this poll's lock): the helper
+    /// signals the eventfd again, or that wake would be lost (seen as a hang under valgrind,
+    /// whose slowness makes the supervisor catch carriers often).
+    fn poll(&self, buffers: &mut PollBuffers, timeout: Option<Duration>, owner: bool) -> usize {
         // Step 2 of the deregistration protocol: no event for these can still be pending.
         // Acquire pairs with the Release store in `deregister`.
         if self.has_released.load(Ordering::Acquire) {
@@ -192,7 +197,11 @@ impl PollSet {
         for ev in &events[..n] {
             let (token, bits) = (ev.u64, ev.events);
             if token == WAKE_TOKEN {
-                epoll::eventfd_drain(&self.waker);
+                if owner {
+                    epoll::eventfd_drain(&self.waker);
+                } else {
+                    epoll::eventfd_signal(&self.waker);
+                }
                 continue;
             }
             // SAFETY: `token` is the address of a live `Readiness` registered with this set:

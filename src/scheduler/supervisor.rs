@@ -134,7 +134,7 @@ pub(crate) fn run(rt: RuntimeRef) {
 fn poll_blocked_sets(rt: &Shared, started: usize) {
     for (i, slot) in rt.slots[..started].iter().enumerate() {
         if slot.in_blocking.load(Ordering::Relaxed) || slot.caught.load(Ordering::Relaxed) {
-            rt.reactor.try_poll(i);
+            rt.reactor.try_poll(i, false);
         }
     }
 }

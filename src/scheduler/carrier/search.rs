@@ -309,7 +309,7 @@ impl Carrier {
             if i != self.index
                 && (slot.in_blocking.load(Ordering::Relaxed) || slot.caught.load(Ordering::Relaxed))
             {
-                woken += self.rt.reactor.try_poll(i);
+                woken += self.rt.reactor.try_poll(i, false);
             }
         }
         bump(&self.slot().stats.io_wakeups, woken as u64);
@@ -409,7 +409,7 @@ impl Carrier {
             return;
         }
         self.last_poll.set(now);
-        let n = self.rt.reactor.try_poll(self.index);
+        let n = self.rt.reactor.try_poll(self.index, true);
         bump(&self.slot().stats.io_wakeups, n as u64);
     }
 }
