@@ -616,3 +616,64 @@ fn fibers_racing_to_register_one_socket_all_wait_on_it() {
         drop(clients);
     }
 }
+
+/// A socket lives in the epoll set of the carrier whose fiber first waited on it. When that
+/// carrier is blocked in the OS, a fiber on another carrier waiting on the same socket must
+/// still be woken (the supervisor polls the blocked carrier's set): without that, the reader
+/// below waits until the blocked carrier comes back.
+#[test]
+fn a_waiter_on_another_carrier_is_woken_while_the_registering_carrier_is_blocked() {
+    let rt = vt::Runtime::builder().carriers(1).max_carriers(4).dump_on_sigquit(true).build().unwrap();
+    let listener = std::net::TcpListener::bind(LOCALHOST).unwrap();
+    let addr = listener.local_addr().unwrap();
+    // Registered with carrier 0's set: the first wait is a timed-out read there.
+    let stream = rt
+        .spawn(move || {
+            let s = TcpStream::connect(addr).unwrap();
+            s.set_read_timeout(Some(Duration::from_millis(1))).unwrap();
+            let err = (&s).read(&mut [0u8; 1]).unwrap_err();
+            assert_eq!(err.kind(), io::ErrorKind::WouldBlock);
+            s.set_read_timeout(None).unwrap();
+            Arc::new(s)
+        })
+        .join()
+        .unwrap();
+    let (mut peer, _) = listener.accept().unwrap();
+    // Block carrier 0 in the OS (a std channel, not `vt::blocking`): the supervisor catches it
+    // and starts a spare, which runs the reader.
+    let (blocked_tx, blocked_rx) = std::sync::mpsc::channel();
+    let (release_tx, release_rx) = std::sync::mpsc::channel::<()>();
+    let blocker = rt.spawn(move || {
+        blocked_tx.send(()).unwrap();
+        release_rx.recv().unwrap();
+    });
+    blocked_rx.recv().unwrap();
+    let (got_tx, got_rx) = std::sync::mpsc::channel();
+    let s = stream.clone();
+    let reader = rt.spawn(move || {
+        let mut buf = [0u8; 5];
+        (&*s).read_exact(&mut buf).unwrap();
+        got_tx.send(buf).unwrap();
+    });
+    // Write only once the reader is parked on the socket, so that its wake-up is what is tested.
+    let start = Instant::now();
+    loop {
+        let d = rt.dump();
+        let parked = d
+            .fibers()
+            .iter()
+            .any(|f| matches!(f.state, vt::FiberState::Parked { reason: vt::WaitReason::NetRead, .. }));
+        if parked {
+            break;
+        }
+        assert!(start.elapsed() < Duration::from_secs(30), "the reader never parked on the socket\n{d}");
+        std::thread::yield_now();
+    }
+    peer.write_all(b"hello").unwrap();
+    let got = got_rx.recv_timeout(Duration::from_secs(20));
+    release_tx.send(()).unwrap();
+    assert_eq!(got.expect("the reader was not woken while carrier 0 was blocked"), *b"hello");
+    reader.join().unwrap();
+    blocker.join().unwrap();
+    drop(stream);
+}

@@ -33,7 +33,7 @@
 //!
 //! Layout: `tcp`, `udp` and `unix` hold the public types; every blocking operation runs through
 //! the one loop in `source` (try the call; on `EAGAIN`, park on readiness); `registration` is a
-//! socket's readiness word and wait lists; `reactor` is the runtime's epoll instance; `addr`
+//! socket's readiness word and wait lists; `reactor` holds one epoll set per carrier; `addr`
 //! resolves names without blocking a carrier on DNS. How readiness reaches a parked fiber, and
 //! why no wake-up is lost: `arch/io.md`.
 //!

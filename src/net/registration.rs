@@ -212,14 +212,16 @@ pub(crate) struct Registration {
     readiness: Arc<Readiness>,
     /// Keeps the runtime's `Shared`, and so its reactor, alive as long as the registration.
     rt: RuntimeRef,
+    /// The carrier whose poll set holds the descriptor.
+    set: usize,
     fd: i32,
 }
 
 impl Registration {
-    /// Registers `fd` with the reactor of `rt`.
-    pub(crate) fn new(rt: &RuntimeRef, fd: i32) -> std::io::Result<Registration> {
-        let readiness = rt.reactor.register(fd)?;
-        Ok(Registration { readiness, rt: rt.clone(), fd })
+    /// Registers `fd` with the poll set of carrier `set` of `rt`.
+    pub(crate) fn new(rt: &RuntimeRef, set: usize, fd: i32) -> std::io::Result<Registration> {
+        let readiness = rt.reactor.register(set, fd)?;
+        Ok(Registration { readiness, rt: rt.clone(), set, fd })
     }
 
     pub(crate) fn readiness(&self) -> &Readiness {
@@ -247,7 +249,7 @@ impl Drop for Registration {
         // Before the descriptor closes (the socket drops its registration first): wake every
         // waiter with an error, then take the descriptor out of the epoll set.
         self.readiness.close();
-        self.rt.reactor.deregister(self.fd, &self.readiness);
+        self.rt.reactor.deregister(self.set, self.fd, &self.readiness);
     }
 }
 

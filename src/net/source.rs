@@ -281,7 +281,8 @@ impl<S: AsFd> IoSource<S> {
         Ok(if sys::poll_one(self.sock.as_fd(), dir, left)? { Wait::Ready } else { Wait::TimedOut })
     }
 
-    /// Registers the socket with the calling fiber's runtime, unless someone already did.
+    /// Registers the socket with the calling fiber's carrier's poll set, unless someone already
+    /// did.
     fn register(&self) -> io::Result<()> {
         let _g = self.reg_init.lock().unwrap_or_else(|e| e.into_inner());
         if self.reg.get().is_some() {
@@ -291,8 +292,10 @@ impl<S: AsFd> IoSource<S> {
         debug_assert!(!c.is_null(), "registration outside a carrier");
         // SAFETY: the caller is a fiber (`Waiter::Fiber`), so this thread is a carrier and `c`
         // its live `Carrier`; it is used before any switch point (nothing here parks).
-        let rt = unsafe { (*c).runtime_ref() };
-        let reg = Registration::new(rt, self.sock.as_fd().as_raw_fd())?;
+        let (rt, set) = unsafe { ((*c).runtime_ref(), (*c).index()) };
+        // The set of the carrier running the waiter: with one fiber per connection, the fiber's
+        // home, so readiness wakes that carrier directly (`reactor.rs`).
+        let reg = Registration::new(rt, set, self.sock.as_fd().as_raw_fd())?;
         let _ = self.reg.set(reg);
         Ok(())
     }

@@ -69,7 +69,7 @@ impl Runtime {
             Affinity::Adaptive | Affinity::Pinned => crate::platform::core_ids(),
         };
         let name = config.thread_name.clone();
-        let reactor = crate::net::reactor::Reactor::new()?;
+        let reactor = crate::net::reactor::Reactor::new(config.max_carriers);
         let rt = RuntimeRef::new(Shared::new(config, reactor));
         // From here on, dropping `runtime` stops whatever was started.
         let mut runtime = Runtime { handle: Handle { rt: rt.clone(), forks: forks() }, supervisor: None };

@@ -210,7 +210,7 @@ pub(super) mod loom_tests {
             }
         }
 
-        /// `Shared::unpark_carrier` (without the reactor, which the models leave out).
+        /// `Shared::unpark_carrier` (without the eventfd wake, which the models leave out).
         pub(crate) fn unpark_carrier(&self, i: usize) {
             self.parkers[i].notify();
         }

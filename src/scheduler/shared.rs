@@ -49,8 +49,8 @@ pub(crate) struct CarrierSlot {
     pub(crate) thread: OnceLock<Thread>,
     /// Bumped by the carrier at every fiber switch (single writer); the supervisor samples it.
     pub(crate) progress: AtomicU64,
-    /// The carrier sleeps in `epoll_wait` (as the reactor's poller), not in a thread park:
-    /// waking it takes the reactor's eventfd.
+    /// The carrier sleeps (or is about to) in `epoll_wait` on its poll set: waking it takes
+    /// the set's eventfd. Raised by every idle carrier, and by a retired spare.
     pub(crate) on_reactor: AtomicBool,
     /// The fiber this carrier runs next (a `FiberRef` as a raw pointer, or null). Only the
     /// owner puts fibers here; a compensating carrier may take one out of a blocked owner.
@@ -312,6 +312,12 @@ impl Shared {
             // caller's loop sees the new carrier in `active` and stops.
             return Ok(());
         };
+        // Before the thread exists: a fiber on it may register a socket with its set at once.
+        if let Err(e) = self.reactor.open(i) {
+            // Put the deque back, so that a later attempt can start the slot.
+            self.unstarted.lock().unwrap_or_else(|e| e.into_inner())[i] = Some(worker);
+            return Err(e);
+        }
         // SAFETY: the caller holds a reference to this runtime (we are inside it), so the count
         // is positive and the new reference is sound.
         let rt = unsafe { RuntimeRef::from_shared(self) };
@@ -562,7 +568,7 @@ impl Shared {
     /// Brings back a retired spare carrier that has work only it may run (a fiber pinned to it
     /// woke). Under the `spares` lock, which orders it with `try_retire`'s inbox check: either
     /// this finds the spare retired, or the spare sees the work and does not retire.
-    fn revive(&self, i: usize) -> bool {
+    pub(crate) fn revive(&self, i: usize) -> bool {
         let mut spares = self.spares.lock().unwrap_or_else(|e| e.into_inner());
         let Some(pos) = spares.iter().position(|&s| s == i) else { return false };
         spares.swap_remove(pos);
@@ -591,14 +597,18 @@ impl Shared {
         }
     }
 
+    /// Wakes carrier `i`: through its poll set's eventfd when it sleeps in `epoll_wait` (every
+    /// idle carrier and retired spare does), otherwise through its thread's park token.
     pub(crate) fn unpark_carrier(&self, i: usize) {
-        if let Some(t) = self.slots[i].thread.get() {
-            t.unpark();
-        }
-        // SeqCst pairs with the store in `Carrier::park_idle`: either we see the carrier is
-        // polling, or its re-check (after the store) sees the work we made visible.
+        // Pairs with the SeqCst store of `on_reactor` before the carrier's re-check (in
+        // `Carrier::park_idle` and `Carrier::retire`): either we see the carrier polling, or its
+        // re-check sees the work (or the revival) we made visible. The fence covers callers
+        // whose own store was weaker than SeqCst (`retired` is stored Release).
+        std::sync::atomic::fence(Ordering::SeqCst);
         if self.slots[i].on_reactor.load(Ordering::SeqCst) {
-            self.reactor.wake();
+            self.reactor.wake(i);
+        } else if let Some(t) = self.slots[i].thread.get() {
+            t.unpark();
         }
     }
 

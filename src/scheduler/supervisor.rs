@@ -104,6 +104,7 @@ pub(crate) fn run(rt: RuntimeRef) {
                 running += 1;
             }
         }
+        poll_blocked_sets(&rt, started);
         saturation.check(&rt);
         if let Some(a) = &mut affinity {
             a.check(&rt);
@@ -121,6 +122,19 @@ pub(crate) fn run(rt: RuntimeRef) {
             sleep_until_work(&rt, every, &mut quiet, compactor.as_mut(), &mut scavenger);
         } else {
             std::thread::park_timeout(every);
+        }
+    }
+}
+
+/// A carrier blocked in the OS leaves its poll set unread; a fiber at home on another carrier
+/// may wait on a socket registered there (`net/reactor.rs`). Idle carriers read such sets too,
+/// but an idle runtime's carriers sleep in their own `epoll_wait`: so the supervisor, which
+/// ticks while a carrier is blocked, reads them without blocking. Woken fibers go to their
+/// home's inbox (or the injector).
+fn poll_blocked_sets(rt: &Shared, started: usize) {
+    for (i, slot) in rt.slots[..started].iter().enumerate() {
+        if slot.in_blocking.load(Ordering::Relaxed) || slot.caught.load(Ordering::Relaxed) {
+            rt.reactor.try_poll(i, false);
         }
     }
 }

@@ -124,7 +124,7 @@ pub(crate) struct Carrier {
     /// Whether spinning pays here lately (`search`): raised by `SPIN_PAID` when a search found
     /// work only after spinning, lowered by 1 when it spun in vain; at 0 a search looks once
     /// and parks. Fork-join finds work while spinning; a server, whose work arrives as I/O
-    /// through the poller, almost never does (`arch/performance.md`).
+    /// through the carriers' epoll sets, almost never does (`arch/performance.md`).
     spin_score: Cell<u32>,
     /// Searches since the last one that spun (for `SPIN_PROBE`).
     unspun: Cell<u32>,

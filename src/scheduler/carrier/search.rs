@@ -29,7 +29,7 @@ impl Carrier {
             // What a spinner can take is unstarted fibers (started ones stay at home), which
             // arrive at the tails of the carriers' deques. Past the grace rounds, when no tail
             // moved over a round, only wakes and I/O remain, which reach a parked carrier as
-            // well: park, and let the reactor gain a poller, rather than spin on (Go's spinning
+            // well: sleep in this carrier's epoll_wait rather than spin on (Go's spinning
             // Ms stop likewise): spinning on was an HTTP server's hot spot (`arch/performance.md`).
             let now = self.deques_pushed();
             if round >= PATIENT_ROUNDS && now == pushed {
@@ -195,8 +195,9 @@ impl Carrier {
         if let Some(f) = self.steal_injector() {
             return Some(f);
         }
-        // A carrier busy in a long fiber cannot fire its own timers; an idle one does it.
-        if self.fire_foreign_timers() > 0 {
+        // A carrier busy in a long fiber cannot fire its own timers, nor one blocked in the OS
+        // poll its set; an idle one does it.
+        if self.fire_foreign_timers() + self.poll_foreign_sets() > 0 {
             if let Some(f) = self.lifo_take().or_else(|| self.worker.pop()).or_else(|| self.home_pop(false)) {
                 return Some(f);
             }
@@ -268,7 +269,7 @@ impl Carrier {
         x.wrapping_mul(0x2545_F491_4F6C_DD1D)
     }
 
-    /// A spare that is no longer needed: hand its queued fibers to the others and park until
+    /// A spare that is no longer needed: hand its queued fibers to the others and sleep until
     /// compensation needs it again (spare threads are reused, not churned).
     pub(super) fn retire(&self) {
         // A carrier woken as a searcher is counted as one: give that up first, or `notify`
@@ -279,9 +280,40 @@ impl Carrier {
         self.flush_to_injector();
         self.rt.notify();
         let slot = self.slot();
+        // Asleep in `epoll_wait` on its own set, not in a thread park: sockets registered here
+        // while the spare ran fibers stay served (a waiter at home elsewhere would otherwise
+        // wait for ever). `on_reactor` before the re-check of `retired`: see `unpark_carrier`.
         while slot.retired.load(Ordering::Acquire) && !self.rt.shutdown.load(Ordering::Acquire) {
-            std::thread::park();
+            slot.on_reactor.store(true, Ordering::SeqCst);
+            let woken = if slot.retired.load(Ordering::SeqCst) && !self.rt.shutdown.load(Ordering::SeqCst) {
+                self.rt.reactor.poll(self.index, None)
+            } else {
+                0
+            };
+            slot.on_reactor.store(false, Ordering::Relaxed);
+            if woken > 0 {
+                bump(&slot.stats.io_wakeups, woken as u64);
+                // A fiber woken here may be at home here, or unstarted in this carrier's LIFO
+                // slot: only a live carrier runs it.
+                self.rt.revive(self.index);
+            }
         }
+    }
+
+    /// Polls, without blocking, the sets of carriers blocked in the OS: their own fibers cannot
+    /// run, but a fiber at home elsewhere may wait on a socket registered there (a socket
+    /// shared between fibers of two carriers). As `fire_foreign_timers` does for timers.
+    pub(super) fn poll_foreign_sets(&self) -> usize {
+        let mut woken = 0;
+        for (i, slot) in self.rt.slots[..self.rt.started()].iter().enumerate() {
+            if i != self.index
+                && (slot.in_blocking.load(Ordering::Relaxed) || slot.caught.load(Ordering::Relaxed))
+            {
+                woken += self.rt.reactor.try_poll(i, false);
+            }
+        }
+        bump(&self.slot().stats.io_wakeups, woken as u64);
+        woken
     }
 
     /// Fires this carrier's expired timers. Returns how many fibers it woke.
@@ -326,24 +358,22 @@ impl Carrier {
             || rt.shutdown.load(Ordering::SeqCst)
     }
 
-    /// Nothing to do: register as a sleeper, look once more, then park the thread until woken
-    /// or until the earliest timer is due (see `idle.rs` for why no wake-up is lost).
+    /// Nothing to do: register as a sleeper, look once more, then sleep in `epoll_wait` on this
+    /// carrier's set until woken (its eventfd), a socket there is ready, or the earliest timer
+    /// is due (see `idle.rs` for why no wake-up is lost).
     pub(super) fn park_idle(&self) {
         let idle = &self.rt.idle;
         if self.searching.replace(false) {
             idle.stop_search();
         }
         let slot = self.slot();
-        // One idle carrier sleeps in epoll_wait as the reactor's poller (so readiness and
-        // timers share one wait); the others park their thread. The flag must be up before the
-        // carrier registers as a sleeper: whoever pops it from the sleepers list then sees the
-        // flag (SeqCst, paired with `unpark_carrier`) and wakes it through the eventfd. Raised
-        // after registering, a wake could land in the thread's park token while the carrier
-        // then blocks in epoll_wait for ever (found by the W3 chained_fork bench).
-        let mut poller = self.rt.reactor.try_poller();
-        if poller.is_some() {
-            slot.on_reactor.store(true, Ordering::SeqCst);
-        }
+        // The carrier sleeps in epoll_wait on its own poll set (readiness of its sockets and
+        // its timers share one wait). The flag must be up before the carrier registers as a
+        // sleeper: whoever pops it from the sleepers list then sees the flag (SeqCst, paired
+        // with `unpark_carrier`) and wakes it through the eventfd. Raised after registering, a
+        // wake could go to the thread's park token while the carrier then blocks in epoll_wait
+        // for ever (found by the W3 chained_fork bench).
+        slot.on_reactor.store(true, Ordering::SeqCst);
         idle.register(self.index);
         let visible = self.work_visible();
         if !visible {
@@ -352,22 +382,13 @@ impl Carrier {
                 u64::MAX => None,
                 at => Some(Duration::from_nanos(at.saturating_sub(self.rt.ns_since_epoch(Instant::now())))),
             };
-            match (&mut poller, timeout) {
-                (Some(p), t) => {
-                    let n = self.rt.reactor.poll(p, t);
-                    bump(&slot.stats.io_wakeups, n as u64);
-                }
-                (None, None) => std::thread::park(),
-                (None, Some(t)) if !t.is_zero() => std::thread::park_timeout(t),
-                (None, Some(_)) => {}
-            }
+            let n = self.rt.reactor.poll(self.index, timeout);
+            bump(&slot.stats.io_wakeups, n as u64);
             let woke = Instant::now();
             bump(&slot.stats.idle_ns, woke.saturating_duration_since(slept).as_nanos() as u64);
             self.rt.refresh_clock_after_idle(woke);
         }
-        if poller.take().is_some() {
-            slot.on_reactor.store(false, Ordering::Relaxed);
-        }
+        slot.on_reactor.store(false, Ordering::Relaxed);
         match idle.unregister(self.index) {
             crate::scheduler::idle::Unregister::WasNotified => self.searching.set(true),
             // Work seen on the re-check is looked for as a searcher, so that taking it from the
@@ -380,17 +401,15 @@ impl Carrier {
         self.rt.supervisor_wake();
     }
 
-    /// Under load no carrier sleeps in the reactor, so busy carriers poll it without blocking,
-    /// at most once per `REACTOR_POLL_INTERVAL` each (Go's scheduler and sysmon do the same).
+    /// A busy carrier does not sleep in `epoll_wait`, so it polls its set without blocking, at
+    /// most once per `REACTOR_POLL_INTERVAL` (Go's scheduler and sysmon do the same).
     pub(super) fn poll_reactor_if_due(&self) {
         let now = Instant::now();
         if now.duration_since(self.last_poll.get()) < REACTOR_POLL_INTERVAL {
             return;
         }
         self.last_poll.set(now);
-        if let Some(mut p) = self.rt.reactor.try_poller() {
-            let n = self.rt.reactor.poll(&mut p, Some(Duration::ZERO));
-            bump(&self.slot().stats.io_wakeups, n as u64);
-        }
+        let n = self.rt.reactor.try_poll(self.index, true);
+        bump(&self.slot().stats.io_wakeups, n as u64);
     }
 }
