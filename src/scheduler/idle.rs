@@ -175,7 +175,7 @@ pub(super) mod loom_tests {
     use loom::thread;
 
     use super::{Idle, Unregister};
-    use crate::loom::{Arc, AtomicBool, AtomicUsize, Mutex, Ordering, fence};
+    use crate::loom::{Arc, AtomicBool, AtomicUsize, Ordering};
     use crate::scheduler::run_queue::{self, Local, Remote};
 
     /// Stand-ins for the queues a carrier looks at: its inbox, the injector, other carriers'
