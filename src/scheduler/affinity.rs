@@ -67,7 +67,8 @@ impl Policy {
     /// The policy of an adaptive runtime; `None` for one pinned always or never.
     pub(crate) fn new(rt: &Shared) -> Option<Policy> {
         (rt.config.affinity == super::config::Affinity::Adaptive).then(|| Policy {
-            anywhere: rt.anywhere.clone(),
+            // The main thread's CPUs: the runtime may be built on a pinned carrier of another.
+            anywhere: process_cpus(),
             next: Instant::now() + WINDOW,
             carriers: Vec::new(),
         })
@@ -122,12 +123,6 @@ impl Policy {
             }
         }
     }
-}
-
-/// The CPUs a floating carrier may use: those the process's main thread may (the runtime may
-/// be built on a pinned carrier of another).
-pub(crate) fn anywhere() -> Vec<usize> {
-    process_cpus()
 }
 
 #[cfg(test)]

@@ -171,8 +171,6 @@ pub(crate) struct Shared {
     pub(crate) epoch: Instant,
     pub(crate) stacks: &'static SizeClass,
     pub(crate) reactor: Reactor,
-    /// The CPUs a carrier that is not pinned may run on (`affinity.rs`).
-    pub(crate) anywhere: Vec<usize>,
     /// Carriers the runtime aims to have running fibers (`config.carriers`).
     pub(crate) target: usize,
     /// Slots `0..started` have (or had) a thread.
@@ -264,7 +262,6 @@ impl Shared {
             config,
             records: Mutex::new(Vec::new()),
             reactor,
-            anywhere: super::affinity::anywhere(),
             target: n,
             started: AtomicUsize::new(0),
             active: AtomicUsize::new(0),
