@@ -1,13 +1,13 @@
 //! The floor plan holds: no file of `src/` uses a layer above its own (`arch/layers.txt`, drawn in
 //! `arch/layers.md`), and every file is in a layer. A new upward import fails here, in CI.
 //!
-//! The rules are `../shared/scripts/layer-check --cycles`'s, in std-only Rust: a file's `crate::`,
-//! `super::` and `self::` paths (in `use` trees and inline) are resolved to the file of their
-//! longest module prefix; comments and `#[cfg(test)]` modules are left out (unit tests may use
-//! any layer); the most specific entry of `layers.txt` wins. Two more rules keep the plan
-//! readable: the crate's own code names an item by the module it lives in, never through
-//! `lib.rs`'s re-exports (those are the public API), and no two top-level modules of `src/`
-//! reach each other through their imports, which a layer shared by several modules would hide.
+//! The rules, in std-only Rust: a file's `crate::`, `super::` and `self::` paths (in `use` trees
+//! and inline) are resolved to the file of their longest module prefix; comments and
+//! `#[cfg(test)]` modules are left out (unit tests may use any layer); the most specific entry
+//! of `layers.txt` wins. Two more rules keep the plan readable: the crate's own code names an
+//! item by the module it lives in, never through `lib.rs`'s re-exports (those are the public
+//! API), and no two top-level modules of `src/` reach each other through their imports, which a
+//! layer shared by several modules would hide.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
