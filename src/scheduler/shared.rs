@@ -20,7 +20,9 @@ use crate::scheduler::time::TimerHeap;
 
 use crate::fiber::schedule::RuntimeRef;
 
-use super::{Idle, Injector, Roots, carrier, compactor, inbox, locations, run_queue, shutdown, supervisor};
+use super::queue::idle::Idle;
+use super::queue::{inbox, run_queue};
+use super::{Injector, Roots, carrier, compactor, locations, shutdown, supervisor};
 
 /// Aligns a value to its own cache line pair (the adjacent-line prefetcher pulls lines in
 /// pairs), so per-carrier state is never falsely shared.
