@@ -144,6 +144,7 @@ impl<T: Linked> Drop for Drain<T> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    #[cfg(not(loom))]
     use crate::loom::Arc;
 
     /// A boxed node: its word is the box's address, its link a field.

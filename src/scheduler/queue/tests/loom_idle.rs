@@ -252,7 +252,7 @@ fn loom_idle_last_searcher_wakes_the_next() {
 /// Carrier 0's inbox: the real lock-free `Inbox` (`CarrierSlot::inbox`), holding stand-in
 /// fibers.
 struct Inbox {
-    inbox: crate::scheduler::inbox::Inbox<Box<InboxNode>>,
+    inbox: crate::scheduler::queue::inbox::Inbox<Box<InboxNode>>,
 }
 
 pub(crate) struct InboxNode {
@@ -270,7 +270,7 @@ impl run_queue::Entry for Box<InboxNode> {
     }
 }
 
-impl crate::scheduler::inbox::Linked for Box<InboxNode> {
+impl crate::scheduler::queue::inbox::Linked for Box<InboxNode> {
     unsafe fn link<'a>(word: usize) -> &'a AtomicUsize {
         // SAFETY: a live node's address (caller's contract).
         unsafe { &(*(word as *const InboxNode)).link }
@@ -302,7 +302,7 @@ fn loom_idle_inbox_wakes_its_carrier() {
         2,
         3,
         1,
-        || Inbox { inbox: crate::scheduler::inbox::Inbox::new() },
+        || Inbox { inbox: crate::scheduler::queue::inbox::Inbox::new() },
         |m| {
             m.queues.inbox.push(Box::new(InboxNode { link: AtomicUsize::new(0) }));
             if m.idle.notify_carrier(0) {
