@@ -9,7 +9,9 @@
 //!
 //! | file | what it owns |
 //! |---|---|
-//! | `shared.rs` | `Shared`, the state every carrier and waker sees; `CarrierSlot`, a carrier's part of it other threads touch; counters; starting, retiring and waking carriers |
+//! | `shared.rs` | `Shared`, the state every carrier and waker sees; `CarrierSlot`, a carrier's part of it other threads touch; the few methods code outside `scheduler/` reads it through |
+//! | `lifecycle.rs` | starting, waking, compensating, retiring, reviving and stopping carriers |
+//! | `counters.rs` | one reading of the counters, for `Runtime::metrics` |
 //! | `carrier/` | a carrier's own hot state and loop (`Carrier`, on its thread's stack) |
 //! | `queue/` | the structures fibers pass through: the stealable run queue, the private home queue, the home inbox, and the sleep/wake protocol that loses no wake-up (`idle.rs`) |
 //! | `injector.rs` | the global sharded queue work enters through from outside the carriers |
@@ -27,8 +29,10 @@ mod affinity;
 pub(crate) mod carrier;
 mod compactor;
 pub(crate) mod config;
+mod counters;
 pub(crate) mod diagnostics;
 mod injector;
+mod lifecycle;
 pub(crate) mod locations;
 pub(crate) mod queue;
 pub(crate) mod reactor;
@@ -42,7 +46,7 @@ pub(crate) mod time;
 pub(crate) use injector::Injector;
 pub(crate) use roots::Roots;
 pub(crate) use runtime_ref::{STOCK_BATCH, schedule};
-pub(crate) use shared::{CachePadded, CarrierSlot, NOT_PINNED, RECORD_CACHE, RecordPtr, Shared, Stats, bump};
+pub(crate) use shared::{CachePadded, CarrierSlot, NOT_PINNED, RECORD_CACHE, RecordPtr, Shared, bump};
 
 /// Test-only hooks into interleavings that are otherwise a few instructions wide.
 #[cfg(test)]
