@@ -9,7 +9,7 @@
 //!
 //! This crate has no reactor for futures. A future that needs another runtime's reactor
 //! (tokio's sockets and timers) runs on that runtime — `tokio_handle.spawn(fut)` — and the
-//! fiber waits for tokio's `JoinHandle` with [`block_on`]; the README's "Using async crates"
+//! fiber waits for tokio's `JoinHandle` with [`block_on`]; `arch/guide.md`'s "Using async crates"
 //! shows it, and `benches/examples/tokio_interop.rs` runs it.
 //!
 //! Awaiting a fiber's `JoinHandle` that has not finished yet costs one more fiber, on the

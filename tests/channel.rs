@@ -511,7 +511,7 @@ fn select_timeouts_racing_hand_offs_lose_nothing() {
 }
 
 /// A 16 KiB message passed by value through every kind of operation, in fibers given the
-/// stack the README's limits section advises for big messages (the default does not hold the
+/// stack `arch/guide.md`'s limits section advises for big messages (the default does not hold the
 /// copies a debug build makes: this needs between 384 KiB and 1 MiB unoptimised).
 #[test]
 fn big_messages_need_the_advised_stack() {

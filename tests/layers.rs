@@ -1,7 +1,7 @@
 //! The floor plan holds: no file of `src/` uses a layer above its own (`arch/layers.txt`, drawn in
 //! `arch/layers.md`), and every file is in a layer. A new upward import fails here, in CI.
 //!
-//! The rules are `../shared/scripts/layer-check`'s, in std-only Rust: a file's `crate::` paths
+//! The rules, in std-only Rust: a file's `crate::` paths
 //! (in `use` trees and inline) are resolved to the file of their longest module prefix, through
 //! `lib.rs`'s `pub use` re-exports for `crate::Item`; comments and `#[cfg(test)]` modules are
 //! left out (unit tests may use any layer); the most specific entry of `layers.txt` wins.

@@ -319,7 +319,7 @@ fn scopes_resume_the_first_panics_own_payload() {
     assert_eq!((pool.panic_count(), ran.load(Ordering::Relaxed)), (1, 11));
 }
 
-/// rayon's `s.spawn(|s| ...)` becomes `s.spawn(|| ...)` with the scope captured (the README's
+/// rayon's `s.spawn(|s| ...)` becomes `s.spawn(|| ...)` with the scope captured (`arch/guide.md`'s
 /// before/after): nested spawns borrow from the caller like rayon's.
 #[test]
 fn rayon_style_nested_spawns_capture_the_scope() {

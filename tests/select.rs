@@ -22,7 +22,7 @@ fn within<T: Send + 'static>(limit: Duration, f: impl FnOnce() -> T + Send + 'st
     rx.recv_timeout(limit).expect("did not return in time")
 }
 
-/// Issue 21, bug 1: a send and a receive on the same rendezvous channel in one select; nobody
+/// A send and a receive on the same rendezvous channel in one select; nobody
 /// else is there, so neither can complete, and the timeout must end the select.
 #[test]
 fn send_and_recv_on_one_rendezvous_channel_time_out() {
@@ -44,7 +44,7 @@ fn send_and_recv_on_one_rendezvous_channel_time_out() {
     }
 }
 
-/// Issue 21, bug 2: with one arm that is never ready before two that always are, each ready arm
+/// With one arm that is never ready before two that always are, each ready arm
 /// must win half of the time (Go's `test_select_fairness`, crossbeam's `fairness1`). 40,000
 /// trials: one standard deviation is 0.25%, the tolerance ±5% is 20 of them.
 #[test]
