@@ -37,8 +37,9 @@ use std::sync::PoisonError;
 use std::time::{Duration, Instant};
 
 use super::error::{RecvTimeoutError, SendTimeoutError, TryRecvError, TrySendError};
+use crate::fiber::wait::WaitReason;
 use crate::sync::loom::{self, Arc, AtomicUsize, Fiber, Ordering, UnsafeCell};
-use crate::sync::wait_list::{self, Entry, Outcome, WaitQueue, WaitReason, Waiter};
+use crate::sync::wait_list::{self, Entry, Outcome, WaitQueue, Waiter};
 
 /// The capacity of an unbounded channel.
 pub(crate) const UNBOUNDED: usize = usize::MAX;

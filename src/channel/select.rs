@@ -33,8 +33,9 @@ use std::time::{Duration, Instant};
 
 use super::chan::{Chan, Slot, SlotWaiter};
 use super::{Receiver, RecvError, SendError, Sender, TryRecvError, TrySendError};
+use crate::fiber::wait::WaitReason;
 use crate::sync::loom::{self, Arc};
-use crate::sync::wait_list::{self, Outcome, WaitReason, Waiter};
+use crate::sync::wait_list::{self, Outcome, Waiter};
 
 /// How long a select may wait: no `default` arm, `default`, or `default(timeout)`.
 #[derive(Clone, Copy, Debug)]
