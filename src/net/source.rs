@@ -27,9 +27,9 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
-use super::registration::{Registration, Wait};
 use crate::fiber::context;
 use crate::platform::net::{self as sys, Direction};
+use crate::scheduler::reactor::registration::{Registration, Wait};
 
 /// How the calling code waits for readiness.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -240,7 +240,7 @@ impl<S: AsFd> IoSource<S> {
                     // reactor. Park, to be unwound by the drop like every other waiting fiber
                     // (re-registering and retrying here would spin, and the drop would wait
                     // for this carrier for ever).
-                    crate::park();
+                    crate::fiber::park::park();
                     continue;
                 }
                 // Orphaned by another runtime's drop: wait like a thread (the supervisor
