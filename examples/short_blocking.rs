@@ -50,7 +50,7 @@ fn fibers(n: usize, carriers: usize, block: Duration) -> (Duration, usize) {
 /// `jobs` jobs of `block` each on `vt::ThreadPool::new(size)`, on its own runtime.
 fn vt_pool(size: usize, jobs: usize, block: Duration) -> Duration {
     let rt = vt::Runtime::builder().build().expect("runtime");
-    let took = rt.block_on(move || {
+    rt.block_on(move || {
         let pool = vt::ThreadPool::new(size);
         let start = Instant::now();
         for _ in 0..jobs {
@@ -58,8 +58,7 @@ fn vt_pool(size: usize, jobs: usize, block: Duration) -> Duration {
         }
         pool.join();
         start.elapsed()
-    });
-    took
+    })
 }
 
 /// The same jobs on `size` plain threads taking them from a channel.

@@ -788,7 +788,8 @@ mod tests {
         let (used, window) = cpu_since_stall(&w, Some(1_000 + hz / 100), every).unwrap();
         assert_eq!((used, window), (Duration::from_millis(10), Duration::from_millis(90)));
         // Unknown at either end: nothing to say.
-        assert_eq!(cpu_since_stall(&Watch { cpu_at_stall: None, ..w }, Some(5), every), None);
+        let unknown = Watch { stalled: 10, ..Watch::default() };
+        assert_eq!(cpu_since_stall(&unknown, Some(5), every), None);
         assert_eq!(cpu_since_stall(&w, None, every), None);
     }
 }
