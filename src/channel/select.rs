@@ -199,6 +199,10 @@ impl<'a, T> RecvArm<'a, T> {
     pub(crate) fn take_result(&mut self) -> Option<Result<T, RecvError>> {
         self.result.take()
     }
+
+    pub(crate) fn chan(&self) -> &'a Chan<T> {
+        self.chan
+    }
 }
 
 impl<'a, T, F: FnOnce() -> T> SendArm<'a, T, F> {
@@ -236,6 +240,10 @@ impl<'a, T, F: FnOnce() -> T> SendArm<'a, T, F> {
 impl<'a, T> WatchArm<'a, T> {
     pub(crate) fn new(chan: &'a Chan<T>, send: bool) -> Self {
         WatchArm { chan, send, registered: false, wake_at: None }
+    }
+
+    pub(crate) fn chan(&self) -> &'a Chan<T> {
+        self.chan
     }
 }
 

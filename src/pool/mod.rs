@@ -510,11 +510,11 @@ impl Eq for ThreadPool {}
 impl fmt::Debug for ThreadPool {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ThreadPool")
+            // threadpool's fields, in its order: code and tests compare the text.
             .field("name", &self.shared.fiber_name)
-            .field("max_count", &self.max_count())
-            .field("active_count", &self.active_count())
             .field("queued_count", &self.queued_count())
-            .field("panic_count", &self.panic_count())
+            .field("active_count", &self.active_count())
+            .field("max_count", &self.max_count())
             .finish()
     }
 }
