@@ -22,8 +22,10 @@
 use std::cell::UnsafeCell;
 use std::collections::VecDeque;
 use std::panic::{AssertUnwindSafe, Location, catch_unwind, resume_unwind};
+use std::sync::Condvar;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Condvar, Mutex};
+
+use crate::loom::StdMutex as Mutex;
 use std::time::Duration;
 
 use crate::fiber::context;

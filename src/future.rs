@@ -20,7 +20,9 @@
 use std::future::{Future, IntoFuture};
 use std::panic::Location;
 use std::pin::{Pin, pin};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, PoisonError};
+
+use crate::loom::StdMutex as Mutex;
 use std::task::{Context, Poll, RawWaker, RawWakerVTable, Waker};
 use std::thread;
 

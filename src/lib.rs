@@ -76,11 +76,19 @@
 
 #![warn(missing_docs, unreachable_pub)]
 
+#[cfg(all(feature = "hooks", not(target_os = "linux")))]
+compile_error!(
+    "the `hooks` feature interposes glibc's or musl's entry points and is built for Linux only \
+     (arch/hooks.md)"
+);
+
 mod blocking;
 pub mod channel;
 mod fiber;
 pub mod fs;
 pub mod future;
+#[cfg(feature = "hooks")]
+mod hooks;
 mod loom;
 pub mod net;
 mod platform;

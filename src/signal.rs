@@ -16,7 +16,9 @@
 
 use std::fmt;
 use std::io;
-use std::sync::{Mutex, PoisonError};
+use std::sync::PoisonError;
+
+use crate::loom::StdMutex as Mutex;
 
 use crate::fiber::handle::Fiber;
 use crate::fiber::park::park_for;

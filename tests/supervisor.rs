@@ -10,6 +10,23 @@ use std::time::{Duration, Instant};
 
 use virtual_threads as vt;
 
+/// Blocks the calling OS thread for `d` with a call that no hook turns into a park (the `hooks`
+/// feature parks a fiber's `std::thread::sleep`): what these tests need is a carrier stuck in
+/// the OS.
+fn block_carrier(d: Duration) {
+    let ts =
+        libc::timespec { tv_sec: d.as_secs() as libc::time_t, tv_nsec: d.subsec_nanos() as libc::c_long };
+    // SAFETY: a valid timespec; no remainder asked for. A raw system call, not libc's
+    // `nanosleep`, which the `hooks` feature interposes.
+    unsafe {
+        libc::syscall(
+            libc::SYS_nanosleep,
+            &ts as *const libc::timespec,
+            std::ptr::null_mut::<libc::timespec>(),
+        )
+    };
+}
+
 const CHILD: &str = "VT_SUPERVISOR_TEST_CHILD";
 
 /// Waits until `cond` holds, failing after a generous deadline.
@@ -30,7 +47,7 @@ fn fibers_queued_behind_blocked_carriers_still_run() {
             let s = started.clone();
             rt.spawn(move || {
                 s.fetch_add(1, Ordering::SeqCst);
-                std::thread::sleep(Duration::from_secs(2)); // blocks the carrier thread
+                block_carrier(Duration::from_secs(2)); // blocks the carrier thread
             })
         })
         .collect();
@@ -69,7 +86,7 @@ fn blocking_on_one_carrier_lets_other_fibers_run_at_once() {
     let blocker = rt.spawn(move || {
         vt::blocking(|| {
             e.store(1, Ordering::SeqCst);
-            std::thread::sleep(Duration::from_millis(1500));
+            block_carrier(Duration::from_millis(1500));
         })
     });
     eventually("the blocking section began", || entered.load(Ordering::SeqCst) == 1);
@@ -86,7 +103,7 @@ fn blocking_on_one_carrier_lets_other_fibers_run_at_once() {
 
 /// Every fiber spawned here shares one spawn location.
 fn spawn_sleeper(rt: &vt::Runtime, ms: u64) -> vt::JoinHandle<()> {
-    rt.spawn(move || std::thread::sleep(Duration::from_millis(ms)))
+    rt.spawn(move || block_carrier(Duration::from_millis(ms)))
 }
 
 #[test]
@@ -144,7 +161,7 @@ fn a_location_that_keeps_blocking_becomes_known_and_is_compensated_without_delay
 /// Every fiber spawned here shares one spawn location, and blocks its carrier for a few
 /// milliseconds: less than a supervisor interval, so its carrier switches at every sample.
 fn spawn_short_sleeper(rt: &vt::Runtime, ms: u64) -> vt::JoinHandle<()> {
-    rt.spawn(move || std::thread::sleep(Duration::from_millis(ms)))
+    rt.spawn(move || block_carrier(Duration::from_millis(ms)))
 }
 
 #[test]
@@ -207,7 +224,7 @@ fn a_pool_of_short_blocking_jobs_runs_them_about_as_concurrently_as_threads() {
         let pool = vt::ThreadPool::new(128);
         let t = Instant::now();
         for _ in 0..1280 {
-            pool.execute(move || std::thread::sleep(block));
+            pool.execute(move || block_carrier(block));
         }
         pool.join();
         t.elapsed()
@@ -308,7 +325,7 @@ fn a_carrier_blocked_while_its_home_fibers_wait_is_reported() {
             .name("sleepy".into())
             .spawn_on(&rt.handle(), move || {
                 tx.send(()).unwrap(); // wakes the waiter: it can run only on this carrier
-                std::thread::sleep(Duration::from_millis(1600)); // blocks the carrier
+                block_carrier(Duration::from_millis(1600)); // blocks the carrier
             })
             .unwrap();
         blocker.join().unwrap();
@@ -341,7 +358,7 @@ fn home_carriers_still_compensate_for_unstarted_fibers() {
     let e = entered.clone();
     let blocker = rt.spawn(move || {
         e.store(1, Ordering::SeqCst);
-        std::thread::sleep(Duration::from_millis(1500));
+        block_carrier(Duration::from_millis(1500));
     });
     eventually("the blocker runs", || entered.load(Ordering::SeqCst) == 1);
     let t = Instant::now();
@@ -357,9 +374,10 @@ fn home_carriers_still_compensate_for_unstarted_fibers() {
 type Door = Arc<(std::sync::Mutex<bool>, std::sync::Condvar)>;
 
 fn wait_at(door: &Door) {
-    let mut open = door.0.lock().unwrap();
-    while !*open {
-        open = door.1.wait(open).unwrap();
+    // Blocks the carrier in the OS until the door opens, with or without the `hooks` feature
+    // (which would park a fiber in the door's `Condvar` wait).
+    while !*door.0.lock().unwrap() {
+        block_carrier(Duration::from_millis(2));
     }
 }
 

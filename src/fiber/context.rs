@@ -125,6 +125,43 @@ fn running_fiber_here() -> (*const FiberRecord, bool) {
     (std::ptr::null(), false)
 }
 
+/// What a hooked libc call made on this thread should do (the `hooks` feature,
+/// `arch/hooks.md`).
+#[cfg(all(feature = "hooks", not(loom)))]
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(crate) enum HookGate {
+    /// Call the real function: not a fiber (a plain thread, a helper, the supervisor, a carrier
+    /// between fibers), a fiber unwinding a panic (std counts panics per OS thread, so an
+    /// unwinding fiber never switches), or one of the runtime's own waits (`loom::HooksOff`).
+    Pass,
+    /// Park the calling fiber.
+    Park,
+    /// The runtime's drop is unwinding the calling fiber: nothing will wake a park; end the
+    /// call early, as `vt::sleep` and `park` do then.
+    Cancelling,
+}
+
+/// The `HookGate` of this thread now. Valid until the caller's next switch point.
+#[cfg(all(feature = "hooks", not(loom)))]
+#[inline(never)]
+pub(crate) fn hook_gate() -> HookGate {
+    let c = RUNNING.with(Cell::get);
+    let fiber = if c.is_null() {
+        ptr::null()
+    } else {
+        // SAFETY: as in `running_fiber_here`: the carrier's `Running` cell outlives every fiber
+        // the carrier resumes, and this thread is that carrier.
+        unsafe { (*c).get() }
+    };
+    if !CANCELLING.with(Cell::get).is_null() {
+        return HookGate::Cancelling;
+    }
+    if fiber.is_null() || std::thread::panicking() || crate::loom::hooks_off() {
+        return HookGate::Pass;
+    }
+    HookGate::Park
+}
+
 /// Reads and updates this plain thread's state. Never called across a switch (plain threads do
 /// not switch).
 #[inline(never)]

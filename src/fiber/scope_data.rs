@@ -5,8 +5,10 @@
 
 use std::any::Any;
 use std::panic::resume_unwind;
+use std::sync::PoisonError;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Mutex, PoisonError};
+
+use crate::loom::StdMutex as Mutex;
 
 use super::handle::Fiber;
 

@@ -10,6 +10,11 @@ use super::wait::{PlainCall, WaitReason};
 /// Puts the calling fiber to sleep for at least `dur`; its carrier runs other fibers meanwhile.
 /// On a plain thread this is `std::thread::sleep`.
 pub fn sleep(dur: Duration) {
+    sleep_because(dur, WaitReason::Sleep);
+}
+
+/// `sleep`, saying why in dumps (a hooked libc sleep says so).
+pub(crate) fn sleep_because(dur: Duration, reason: WaitReason) {
     let Some(me) = running() else {
         let _call = PlainCall::enter();
         std::thread::sleep(dur);
@@ -19,24 +24,27 @@ pub fn sleep(dur: Duration) {
     let Some(deadline) = now.checked_add(dur) else {
         // "For ever": park until the runtime's drop unwinds this fiber.
         while context::cancelling().is_null() {
-            park_for(WaitReason::Sleep, None);
+            park_for(reason, None);
         }
         return;
     };
     if now < deadline {
         // The first park without a second clock read (a read per sleep shows in profiles);
         // if its own timer ended it, the deadline has passed and there is nothing to re-check.
-        if park_fiber(me.record(), me.cancelling, WaitReason::Sleep, Some(deadline))
-            || !context::cancelling().is_null()
+        if park_fiber(me.record(), me.cancelling, reason, Some(deadline)) || !context::cancelling().is_null()
         {
             return;
         }
     }
-    sleep_until(deadline);
+    sleep_until_because(deadline, reason);
 }
 
 /// Puts the calling fiber to sleep until `deadline`.
 pub fn sleep_until(deadline: Instant) {
+    sleep_until_because(deadline, WaitReason::Sleep);
+}
+
+fn sleep_until_because(deadline: Instant, reason: WaitReason) {
     loop {
         let now = Instant::now();
         if now >= deadline {
@@ -44,7 +52,7 @@ pub fn sleep_until(deadline: Instant) {
         }
         match running() {
             Some(me) => {
-                if park_fiber(me.record(), me.cancelling, WaitReason::Sleep, Some(deadline)) {
+                if park_fiber(me.record(), me.cancelling, reason, Some(deadline)) {
                     return;
                 }
             }

@@ -17,8 +17,10 @@
 
 use std::collections::VecDeque;
 use std::io;
+use std::sync::OnceLock;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Mutex, OnceLock};
+
+use crate::loom::StdMutex as Mutex;
 
 use crate::platform::{self, GuardKind};
 

@@ -55,9 +55,15 @@ pub enum WaitReason {
     Signal,
     /// [`blocking`](crate::blocking), its closure running on a helper thread.
     Blocking,
+    /// A libc sleep (`nanosleep`, so `std::thread::sleep`; `clock_nanosleep`, `usleep`,
+    /// `sleep`) interposed by the `hooks` feature.
+    HookedSleep,
+    /// A futex wait (`syscall(SYS_futex)`, so std's `Mutex`, `RwLock`, `Condvar`, `Once`,
+    /// `mpsc` and `thread::park`) interposed by the `hooks` feature.
+    HookedFutex,
 }
 
-const REASONS: [WaitReason; 22] = [
+const REASONS: [WaitReason; 24] = [
     WaitReason::Park,
     WaitReason::Sleep,
     WaitReason::Join,
@@ -80,6 +86,8 @@ const REASONS: [WaitReason; 22] = [
     WaitReason::Future,
     WaitReason::Signal,
     WaitReason::Blocking,
+    WaitReason::HookedSleep,
+    WaitReason::HookedFutex,
 ];
 
 /// In a record's `wait` byte: the park has a deadline (a timer will wake it).
@@ -142,6 +150,8 @@ impl fmt::Display for WaitReason {
             WaitReason::Future => "a future (vt::future::block_on)",
             WaitReason::Signal => "a signal (vt::signal)",
             WaitReason::Blocking => "vt::blocking on a helper thread",
+            WaitReason::HookedSleep => "a hooked libc sleep (nanosleep, clock_nanosleep, usleep, sleep)",
+            WaitReason::HookedFutex => "a hooked futex wait (a std lock, Condvar, Once, mpsc or park)",
         })
     }
 }

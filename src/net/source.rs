@@ -23,8 +23,10 @@
 use std::fmt;
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
+use std::sync::OnceLock;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Mutex, OnceLock};
+
+use crate::loom::StdMutex as Mutex;
 use std::time::{Duration, Instant};
 
 use crate::fiber::context;

@@ -1,8 +1,10 @@
 //! `ThreadPoolBuilder`: threadpool's `Builder`, plus the runtime to run on; validated at
 //! `build`, which starts nothing.
 
+use std::sync::Arc;
 use std::sync::atomic::AtomicUsize;
-use std::sync::{Arc, Mutex};
+
+use crate::loom::StdMutex as Mutex;
 
 use crossbeam_deque::Injector;
 

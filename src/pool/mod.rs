@@ -28,7 +28,9 @@ use std::any::Any;
 use std::fmt;
 use std::panic::{AssertUnwindSafe, Location, catch_unwind, resume_unwind};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering, fence};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, PoisonError};
+
+use crate::loom::StdMutex as Mutex;
 
 use crossbeam_deque::{Injector, Steal};
 

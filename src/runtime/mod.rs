@@ -13,8 +13,10 @@ pub(crate) mod spawn;
 use std::fmt;
 use std::io;
 use std::panic::{Location, resume_unwind};
+use std::sync::OnceLock;
 use std::sync::atomic::{AtomicPtr, AtomicU64, Ordering};
-use std::sync::{Mutex, OnceLock};
+
+use crate::loom::StdMutex as Mutex;
 use std::thread;
 
 pub use builder::Builder;

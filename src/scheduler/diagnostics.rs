@@ -8,10 +8,10 @@
 //! from atomics the fiber and its carrier write anyway or cheaply (state word, wait reason,
 //! carrier, a coarse timestamp). See `arch/diagnostics.md`.
 
+use crate::loom::StdMutex as Mutex;
 use std::collections::HashMap;
 use std::fmt;
 use std::panic::Location;
-use std::sync::Mutex;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 

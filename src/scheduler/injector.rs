@@ -19,7 +19,9 @@
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicUsize, Ordering, fence};
-use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::sync::{MutexGuard, PoisonError};
+
+use crate::loom::StdMutex as Mutex;
 
 use super::CachePadded;
 use super::queue::run_queue::Local;

@@ -12,8 +12,8 @@
 //!  shard n (outside)   | rec ...              (plain threads that spawned)
 //! ```
 
+use crate::loom::StdMutex as Mutex;
 use std::ptr::NonNull;
-use std::sync::Mutex;
 
 use super::{CachePadded, RecordPtr};
 use crate::fiber::stack::SizeClass;

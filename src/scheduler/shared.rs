@@ -8,8 +8,10 @@
 use std::ptr::NonNull;
 
 use std::panic::Location;
+use std::sync::OnceLock;
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicPtr, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Mutex, OnceLock};
+
+use crate::loom::StdMutex as Mutex;
 use std::thread::Thread;
 use std::time::Instant;
 

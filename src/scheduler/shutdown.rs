@@ -26,7 +26,9 @@
 use std::collections::VecDeque;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::atomic::Ordering;
-use std::sync::{Condvar, Mutex, MutexGuard};
+use std::sync::{Condvar, MutexGuard};
+
+use crate::loom::StdMutex as Mutex;
 use std::time::{Duration, Instant};
 
 use crate::fiber::context;
@@ -69,6 +71,9 @@ impl Drain {
     }
 
     fn wait<'a>(&self, s: MutexGuard<'a, DrainState>, t: Duration) -> MutexGuard<'a, DrainState> {
+        // The drop's own wait, even from inside another runtime's fiber: never a hooked park.
+        #[cfg(all(feature = "hooks", not(loom)))]
+        let _off = crate::loom::HooksOff::enter();
         self.cv.wait_timeout(s, t).unwrap_or_else(|e| e.into_inner()).0
     }
 }

@@ -34,7 +34,9 @@ pub(crate) mod registration;
 use std::io;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::sync::{Arc, MutexGuard, OnceLock};
+
+use crate::loom::StdMutex as Mutex;
 use std::time::Duration;
 
 use crate::fiber::handle::Fiber;

@@ -23,7 +23,9 @@
 //! listener; the losers of the race find `EAGAIN` and wait again).
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, MutexGuard};
+
+use crate::loom::StdMutex as Mutex;
 use std::time::Instant;
 
 use crate::fiber::handle::Fiber;
