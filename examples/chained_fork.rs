@@ -6,7 +6,8 @@
 //!
 //! Run: `cargo run --release --example chained_fork`
 //! Flags: `--n N` links per op (default 10,000), `--iters K` timed ops (default 200),
-//! `--carriers C` (default: the runtime's, one per usable CPU).
+//! `--carriers C` (default: the runtime's, one per usable CPU). Ctrl-C or SIGTERM stops it with
+//! the ops timed so far.
 
 use std::time::Instant;
 use virtual_threads as vt;
@@ -14,6 +15,8 @@ use vt::channel::oneshot;
 
 #[path = "common/args.rs"]
 mod args;
+#[path = "common/bench.rs"]
+mod bench;
 
 const ABOUT: &str = "workload W3 (benches/README.md): fiber i spawns fiber i + 1 and returns";
 
@@ -35,32 +38,26 @@ fn chained_fork(n: usize) -> usize {
 
 fn main() {
     let (n, iters, carriers) = parse_args().unwrap_or_else(|e| fail(&e));
-    let mut builder = vt::Runtime::builder();
-    if let Some(c) = carriers {
-        builder = builder.carriers(c);
-    }
-    let rt = builder.build().unwrap_or_else(|e| fail(&format!("cannot build the runtime: {e}")));
+    let rt = bench::setup(carriers).unwrap_or_else(|e| fail(&e));
     let warm_up = (iters / 10).max(2);
-    let mut secs: Vec<f64> = rt.block_on(|| {
-        let op = || {
-            let start = Instant::now();
-            let last = chained_fork(n);
-            let secs = start.elapsed().as_secs_f64();
-            if last != n {
-                fail(&format!("the chain ended at link {last}, expected {n}"));
-            }
-            secs
-        };
-        for _ in 0..warm_up {
-            op();
-        }
-        (0..iters).map(|_| op()).collect()
-    });
-    secs.sort_by(f64::total_cmp);
-    let per = |s: f64| s * 1e9 / n as f64;
-    let (median, fastest, slowest) = (per(secs[iters / 2]), per(secs[0]), per(secs[iters - 1]));
     let carriers = rt.carriers();
     println!("chained_fork: {n} links per op, {carriers} carriers, {iters} ops ({warm_up} warm-up)");
+    let mut secs = bench::run(&rt, warm_up, iters, || {
+        let start = Instant::now();
+        let last = chained_fork(n);
+        let secs = start.elapsed().as_secs_f64();
+        if last != n {
+            fail(&format!("the chain ended at link {last}, expected {n}"));
+        }
+        secs
+    });
+    let done = secs.len();
+    let Some((median, fastest, slowest)) = bench::spread(&mut secs) else {
+        bench::nothing_timed("chained_fork")
+    };
+    bench::say_if_stopped(done, iters);
+    let per = |s: f64| s * 1e9 / n as f64;
+    let (median, fastest, slowest) = (per(median), per(fastest), per(slowest));
     println!("  per link {median:>8.1} ns  median (min {fastest:.1}, max {slowest:.1})");
 }
 

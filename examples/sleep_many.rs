@@ -5,7 +5,8 @@
 //!
 //! Run: `cargo run --release --example sleep_many`
 //! Flags: `--fibers N` (default 10,000), `--iters K` timed ops (default 30), `--carriers C`
-//! (default: the runtime's, one per usable CPU).
+//! (default: the runtime's, one per usable CPU). Ctrl-C or SIGTERM stops it with the ops timed so
+//! far.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -14,6 +15,8 @@ use virtual_threads as vt;
 
 #[path = "common/args.rs"]
 mod args;
+#[path = "common/bench.rs"]
+mod bench;
 
 const ABOUT: &str =
     "workload W7 (benches/README.md): n fibers each sleep 10 ms; the op's time against the ideal";
@@ -43,32 +46,25 @@ fn sleep_many(fibers: usize) -> (Duration, Duration) {
 
 fn main() {
     let (fibers, iters, carriers) = parse_args().unwrap_or_else(|e| fail(&e));
-    let mut builder = vt::Runtime::builder();
-    if let Some(c) = carriers {
-        builder = builder.carriers(c);
-    }
-    let rt = builder.build().unwrap_or_else(|e| fail(&format!("cannot build the runtime: {e}")));
+    let rt = bench::setup(carriers).unwrap_or_else(|e| fail(&e));
     let warm_up = (iters / 10).max(2);
-    let mut ops: Vec<(f64, f64)> = rt.block_on(|| {
-        let op = || {
-            let (wall, armed) = sleep_many(fibers);
-            (wall.as_secs_f64() * 1e3 - 10.0, armed.as_secs_f64() * 1e3)
-        };
-        for _ in 0..warm_up {
-            op();
-        }
-        (0..iters).map(|_| op()).collect()
-    });
-    ops.sort_by(|a, b| a.0.total_cmp(&b.0));
-    let (median, fastest, slowest) = (ops[iters / 2].0, ops[0].0, ops[iters - 1].0);
-    let mut armed: Vec<f64> = ops.iter().map(|o| o.1).collect();
-    armed.sort_by(f64::total_cmp);
     let carriers = rt.carriers();
     println!(
         "sleep_many: {fibers} fibers sleep 10 ms per op, {carriers} carriers, {iters} ops ({warm_up} warm-up)"
     );
+    let ops = bench::run(&rt, warm_up, iters, || {
+        let (wall, armed) = sleep_many(fibers);
+        (wall.as_secs_f64() * 1e3 - 10.0, armed.as_secs_f64() * 1e3)
+    });
+    let (mut over, mut armed): (Vec<f64>, Vec<f64>) = ops.into_iter().unzip();
+    let done = over.len();
+    let Some((median, fastest, slowest)) = bench::spread(&mut over) else {
+        bench::nothing_timed("sleep_many")
+    };
+    bench::say_if_stopped(done, iters);
     println!("  over the ideal {median:>+7.2} ms  median (min {fastest:+.2}, max {slowest:+.2})");
-    println!("  last sleep began {:>6.2} ms  into the op (median)", armed[iters / 2]);
+    let armed = bench::spread(&mut armed).expect("as many as the ops").0;
+    println!("  last sleep began {armed:>6.2} ms  into the op (median)");
 }
 
 /// The flags; `--help` lists them.

@@ -6,13 +6,16 @@
 //!
 //! Run: `cargo run --release --example yield_many`
 //! Flags: `--fibers T` (default 1,000), `--yields Y` per fiber (default 1,000), `--iters K`
-//! timed ops (default 20), `--carriers C` (default: the runtime's, one per usable CPU).
+//! timed ops (default 20), `--carriers C` (default: the runtime's, one per usable CPU). Ctrl-C or
+//! SIGTERM stops it with the ops timed so far.
 
 use std::time::Instant;
 use virtual_threads as vt;
 
 #[path = "common/args.rs"]
 mod args;
+#[path = "common/bench.rs"]
+mod bench;
 
 const ABOUT: &str = "workload W5 (benches/README.md): t fibers each yield y times";
 
@@ -34,30 +37,24 @@ fn yield_many(fibers: usize, yields: usize) {
 
 fn main() {
     let (fibers, yields, iters, carriers) = parse_args().unwrap_or_else(|e| fail(&e));
-    let mut builder = vt::Runtime::builder();
-    if let Some(c) = carriers {
-        builder = builder.carriers(c);
-    }
-    let rt = builder.build().unwrap_or_else(|e| fail(&format!("cannot build the runtime: {e}")));
+    let rt = bench::setup(carriers).unwrap_or_else(|e| fail(&e));
     let warm_up = (iters / 10).max(2);
-    let mut secs: Vec<f64> = rt.block_on(|| {
-        let op = || {
-            let start = Instant::now();
-            yield_many(fibers, yields);
-            start.elapsed().as_secs_f64()
-        };
-        for _ in 0..warm_up {
-            op();
-        }
-        (0..iters).map(|_| op()).collect()
-    });
-    secs.sort_by(f64::total_cmp);
-    let per = |s: f64| s * 1e9 / (fibers * yields) as f64;
-    let (median, fastest, slowest) = (per(secs[iters / 2]), per(secs[0]), per(secs[iters - 1]));
     let carriers = rt.carriers();
     println!(
         "yield_many: {fibers} fibers x {yields} yields per op, {carriers} carriers, {iters} ops ({warm_up} warm-up)"
     );
+    let mut secs = bench::run(&rt, warm_up, iters, || {
+        let start = Instant::now();
+        yield_many(fibers, yields);
+        start.elapsed().as_secs_f64()
+    });
+    let done = secs.len();
+    let Some((median, fastest, slowest)) = bench::spread(&mut secs) else {
+        bench::nothing_timed("yield_many")
+    };
+    bench::say_if_stopped(done, iters);
+    let per = |s: f64| s * 1e9 / (fibers * yields) as f64;
+    let (median, fastest, slowest) = (per(median), per(fastest), per(slowest));
     println!("  per yield {median:>8.1} ns  median (min {fastest:.1}, max {slowest:.1})");
 }
 
