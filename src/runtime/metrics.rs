@@ -126,9 +126,9 @@ pub struct BlockingLocation {
 impl Metrics {
     pub(crate) fn read(rt: &Shared) -> Metrics {
         let known = rt.known.lock().unwrap_or_else(|e| e.into_inner()).clone();
-        let slots = &rt.slots[..rt.started()];
+        let started = rt.started();
         let sum = |field: fn(&crate::scheduler::Stats) -> &AtomicU64| -> u64 {
-            slots.iter().map(|s| field(&s.stats).load(Ordering::Relaxed)).sum()
+            rt.slots.upto(started).map(|s| field(&s.stats).load(Ordering::Relaxed)).sum()
         };
         let remote = &rt.remote;
         // Finished before spawned: a fiber counted finished was spawned earlier, so `live`
@@ -145,7 +145,7 @@ impl Metrics {
             fibers_spawned: spawned,
             fibers_finished: finished,
             fibers_live: spawned.saturating_sub(finished),
-            switches: slots.iter().map(|s| s.progress.load(Ordering::Relaxed)).sum(),
+            switches: rt.slots.upto(started).map(|s| s.progress.load(Ordering::Relaxed)).sum(),
             parks: sum(|s| &s.parks),
             unparks: sum(|s| &s.unparks) + remote.unparks.load(Ordering::Relaxed),
             steals: sum(|s| &s.steals),
@@ -174,8 +174,9 @@ impl Metrics {
                 .into_iter()
                 .map(|k| BlockingLocation { location: k.location, runs: k.runs, caught: k.caught })
                 .collect(),
-            per_carrier: slots
-                .iter()
+            per_carrier: rt
+                .slots
+                .upto(started)
                 .map(|s| CarrierMetrics {
                     switches: s.progress.load(Ordering::Relaxed),
                     fibers_started: s.stats.started.load(Ordering::Relaxed),

@@ -32,6 +32,7 @@ mod home_queue;
 mod idle;
 mod inbox;
 mod injector;
+pub(crate) mod lazy_table;
 pub(crate) mod locations;
 pub(crate) mod reactor;
 pub(crate) mod roots;

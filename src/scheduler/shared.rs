@@ -12,6 +12,7 @@ use std::thread::Thread;
 use std::time::Instant;
 
 use super::config::Config;
+use super::lazy_table::LazyTable;
 use crate::fiber::context;
 use crate::fiber::stack::SizeClass;
 use crate::fiber::{FiberRecord, FiberRef, NO_HOME};
@@ -76,6 +77,31 @@ pub(crate) struct CarrierSlot {
     pub(crate) floats: AtomicU64,
     /// Scheduling counters, written by this carrier alone (summed by `Runtime::metrics`).
     pub(crate) stats: Stats,
+}
+
+impl CarrierSlot {
+    fn new(stealer: run_queue::Remote<FiberRef>) -> CarrierSlot {
+        CarrierSlot {
+            stealer,
+            inbox: inbox::Inbox::new(),
+            home_len: AtomicUsize::new(0),
+            timers: Mutex::new(TimerHeap::default()),
+            next_deadline: AtomicU64::new(u64::MAX),
+            thread: OnceLock::new(),
+            progress: AtomicU64::new(0),
+            on_reactor: AtomicBool::new(false),
+            lifo: AtomicPtr::new(std::ptr::null_mut()),
+            location: AtomicPtr::new(std::ptr::null_mut()),
+            in_blocking: AtomicBool::new(false),
+            caught: AtomicBool::new(false),
+            tid: AtomicI32::new(0),
+            locations: locations::LocationMap::default(),
+            retired: AtomicBool::new(false),
+            cpu: AtomicUsize::new(NOT_PINNED),
+            floats: AtomicU64::new(0),
+            stats: Stats::default(),
+        }
+    }
 }
 
 /// One carrier's counters. Single writer (the carrier), so a bump is a load and a store, not a
@@ -157,7 +183,8 @@ pub(crate) struct Shared {
     /// Counted references (see [`RuntimeRef`]; `runtime_ref.rs` counts them).
     pub(super) refs: AtomicUsize,
     pub(crate) config: Config,
-    pub(crate) slots: Box<[CachePadded<CarrierSlot>]>,
+    /// Made in chunks as carriers start (`lazy_table.rs`): `max_carriers` may be large.
+    pub(crate) slots: LazyTable<CachePadded<CarrierSlot>>,
     pub(crate) injector: Injector,
     pub(crate) idle: Idle,
     pub(crate) roots: Roots,
@@ -184,7 +211,8 @@ pub(crate) struct Shared {
     pub(crate) compensations: AtomicU64,
     /// Retired spare carriers, parked, to reuse before starting new threads.
     spares: Mutex<Vec<usize>>,
-    /// The deques of slots that have no thread yet.
+    /// The deques of slots made that have no thread yet (`None`: started); slots past its end
+    /// are not made.
     unstarted: Mutex<Vec<Option<run_queue::Local<FiberRef>>>>,
     /// Carrier threads to join at shutdown.
     pub(crate) threads: Mutex<Vec<std::thread::JoinHandle<()>>>,
@@ -216,41 +244,16 @@ impl Drop for Shared {
 }
 
 impl Shared {
-    /// State for `config.max_carriers` carrier slots, and their reactor; no thread is started
-    /// yet (a carrier opens its poll set when it starts).
+    /// Room for `config.max_carriers` carrier slots, and their reactor; no slot is made and no
+    /// thread started yet (a slot is made, in a chunk of 64, and a carrier opens its poll set,
+    /// when it starts: `LazyTable`).
     pub(crate) fn new(config: Config) -> Shared {
         let reactor = Reactor::new(config.max_carriers);
         let n = config.carriers;
-        let (workers, stealers): (Vec<_>, Vec<_>) =
-            (0..config.max_carriers).map(|_| run_queue::new(run_queue::CAPACITY)).unzip();
         let stacks = SizeClass::get(config.stack_size);
         Shared {
             refs: AtomicUsize::new(0),
-            slots: stealers
-                .into_iter()
-                .map(|stealer| {
-                    CachePadded(CarrierSlot {
-                        stealer,
-                        inbox: inbox::Inbox::new(),
-                        home_len: AtomicUsize::new(0),
-                        timers: Mutex::new(TimerHeap::default()),
-                        next_deadline: AtomicU64::new(u64::MAX),
-                        thread: OnceLock::new(),
-                        progress: AtomicU64::new(0),
-                        on_reactor: AtomicBool::new(false),
-                        lifo: AtomicPtr::new(std::ptr::null_mut()),
-                        location: AtomicPtr::new(std::ptr::null_mut()),
-                        in_blocking: AtomicBool::new(false),
-                        caught: AtomicBool::new(false),
-                        tid: AtomicI32::new(0),
-                        locations: locations::LocationMap::default(),
-                        retired: AtomicBool::new(false),
-                        cpu: AtomicUsize::new(NOT_PINNED),
-                        floats: AtomicU64::new(0),
-                        stats: Stats::default(),
-                    })
-                })
-                .collect(),
+            slots: LazyTable::new(config.max_carriers),
             injector: Injector::new(n),
             idle: Idle::new(n),
             roots: Roots::new(config.max_carriers),
@@ -272,7 +275,7 @@ impl Shared {
             detections: AtomicU64::new(0),
             compensations: AtomicU64::new(0),
             spares: Mutex::new(Vec::new()),
-            unstarted: Mutex::new(workers.into_iter().map(Some).collect()),
+            unstarted: Mutex::new(Vec::new()),
             threads: Mutex::new(Vec::new()),
             supervisor_thread: OnceLock::new(),
             supervisor_sleeping: AtomicBool::new(false),
@@ -306,6 +309,7 @@ impl Shared {
             // fibers this would have run are unwound by the drop.
             return Ok(());
         }
+        self.make_slot(i);
         let Some(worker) = self.unstarted.lock().unwrap_or_else(|e| e.into_inner())[i].take() else {
             // Another thread compensating at the same time started this slot first: the
             // caller's loop sees the new carrier in `active` and stops.
@@ -355,6 +359,34 @@ impl Shared {
         }
     }
 
+    /// Makes slot `i` (and the rest of its chunk) if it is not made yet, with its deque's
+    /// owner end waiting in `unstarted`. Under the `threads` lock (`start_carrier`).
+    fn make_slot(&self, i: usize) {
+        let mut workers = Vec::new();
+        self.slots.get_or_make(i, |j| {
+            let (worker, stealer) = run_queue::new(run_queue::CAPACITY);
+            workers.push((j, worker));
+            CachePadded(CarrierSlot::new(stealer))
+        });
+        if workers.is_empty() {
+            return;
+        }
+        let mut u = self.unstarted.lock().unwrap_or_else(|e| e.into_inner());
+        for (j, worker) in workers {
+            if u.len() <= j {
+                u.resize_with(j + 1, || None);
+            }
+            u[j] = Some(worker);
+        }
+    }
+
+    /// The lowest slot without a thread: a made one, else the first not made (chunks are made
+    /// in order, since this is how the next slot is chosen), within `max_carriers`.
+    fn next_unstarted(&self) -> Option<usize> {
+        let u = self.unstarted.lock().unwrap_or_else(|e| e.into_inner());
+        u.iter().position(Option::is_some).or((u.len() < self.slots.capacity()).then_some(u.len()))
+    }
+
     /// Makes sure `target` carriers can run fibers while some are blocked: wakes a retired
     /// spare, or starts a new carrier, within `max_carriers`.
     pub(crate) fn compensate(&self) {
@@ -373,10 +405,7 @@ impl Shared {
                 self.slots[i].retired.store(false, Ordering::Release);
                 self.unpark_carrier(i);
             } else {
-                let next = {
-                    let u = self.unstarted.lock().unwrap_or_else(|e| e.into_inner());
-                    u.iter().position(Option::is_some)
-                };
+                let next = self.next_unstarted();
                 match next {
                     Some(i) if self.start_carrier(i, None).is_ok() => {}
                     // Out of slots or threads: nothing more to do.
@@ -412,10 +441,7 @@ impl Shared {
                 i
             }
             None => {
-                let next = {
-                    let u = self.unstarted.lock().unwrap_or_else(|e| e.into_inner());
-                    u.iter().position(Option::is_some)?
-                };
+                let next = self.next_unstarted()?;
                 self.start_carrier(next, None).ok()?;
                 // Another thread may have taken that slot first; then it is started all the same.
                 if next >= self.started() {
@@ -613,8 +639,8 @@ impl Shared {
 
     /// Earliest timer deadline over all carriers (ns since epoch), or `u64::MAX`.
     pub(crate) fn earliest_deadline(&self) -> u64 {
-        self.slots[..self.started()]
-            .iter()
+        self.slots
+            .upto(self.started())
             .map(|s| s.next_deadline.load(Ordering::Relaxed))
             .min()
             .unwrap_or(u64::MAX)

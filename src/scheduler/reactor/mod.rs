@@ -37,6 +37,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::Duration;
 
+use super::lazy_table::LazyTable;
 use crate::fiber::handle::Fiber;
 use crate::platform::epoll;
 use registration::Readiness;
@@ -61,7 +62,8 @@ const WRITE_EVENTS: u32 = EPOLLOUT | EPOLLHUP | EPOLLERR;
 
 /// The carriers' poll sets, one slot per carrier slot (`None` until that carrier starts).
 pub(crate) struct Reactor {
-    sets: Box<[OnceLock<PollSet>]>,
+    /// Made in chunks as carriers start (`LazyTable`): `max_carriers` may be large.
+    sets: LazyTable<OnceLock<PollSet>>,
 }
 
 /// One carrier's epoll set.
@@ -87,12 +89,13 @@ struct PollBuffers {
 impl Reactor {
     /// Room for `slots` sets; opens none.
     pub(crate) fn new(slots: usize) -> Reactor {
-        Reactor { sets: (0..slots).map(|_| OnceLock::new()).collect() }
+        Reactor { sets: LazyTable::new(slots) }
     }
 
     /// Opens carrier `i`'s set, unless it is open. Called before the carrier's thread starts.
     pub(crate) fn open(&self, i: usize) -> io::Result<()> {
-        if self.sets[i].get().is_some() {
+        let slot = self.sets.get_or_make(i, |_| OnceLock::new());
+        if slot.get().is_some() {
             return Ok(());
         }
         let ep = epoll::epoll_create()?;
@@ -100,7 +103,7 @@ impl Reactor {
         epoll::epoll_add(&ep, waker.as_raw_fd(), EPOLLIN | EPOLLET, WAKE_TOKEN)?;
         // Slots are started under the runtime's `threads` lock, so no one races this; a loser
         // would only close its spare descriptors.
-        let _ = self.sets[i].set(PollSet {
+        let _ = slot.set(PollSet {
             ep,
             waker,
             buffers: Mutex::new(PollBuffers {
@@ -114,7 +117,7 @@ impl Reactor {
     }
 
     fn set(&self, i: usize) -> &PollSet {
-        self.sets[i].get().expect("a started carrier's poll set is open")
+        self.sets.get(i).and_then(OnceLock::get).expect("a started carrier's poll set is open")
     }
 
     /// The owner's poll: waits up to `timeout` (`None`: until woken) for readiness on carrier
@@ -130,7 +133,7 @@ impl Reactor {
     /// anyway): the owner's periodic poll, or a helper's for an owner blocked in the OS.
     /// `owner`: the caller is carrier `i` (a helper passes the eventfd's wake on to it).
     pub(crate) fn try_poll(&self, i: usize, owner: bool) -> usize {
-        let Some(set) = self.sets[i].get() else { return 0 };
+        let Some(set) = self.sets.get(i).and_then(OnceLock::get) else { return 0 };
         match set.buffers.try_lock() {
             Ok(mut b) => set.poll(&mut b, Some(Duration::ZERO), owner),
             Err(_) => 0,
@@ -139,7 +142,7 @@ impl Reactor {
 
     /// Interrupts carrier `i` blocked in `epoll_wait` on its set.
     pub(crate) fn wake(&self, i: usize) {
-        if let Some(set) = self.sets[i].get() {
+        if let Some(set) = self.sets.get(i).and_then(OnceLock::get) {
             epoll::eventfd_signal(&set.waker);
         }
     }
