@@ -35,7 +35,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::Duration;
 
-use super::registration::Readiness;
+use super::registration::{Event, Readiness};
 use crate::Fiber;
 use crate::platform::epoll;
 
@@ -56,6 +56,11 @@ const EPOLLET: u32 = libc::EPOLLET as u32;
 const READ_EVENTS: u32 = EPOLLIN | EPOLLRDHUP | EPOLLPRI | EPOLLHUP | EPOLLERR;
 /// Events that let a write-side operation make progress (room, a finished connect, an error).
 const WRITE_EVENTS: u32 = EPOLLOUT | EPOLLHUP | EPOLLERR;
+/// Events after which a read-side call does not block until one says `EAGAIN` (end of stream,
+/// hang-up, a pending error): a short read must not clear them (`registration.rs`).
+const READ_HUP_EVENTS: u32 = EPOLLRDHUP | EPOLLHUP | EPOLLERR;
+/// The same for a write-side call.
+const WRITE_HUP_EVENTS: u32 = EPOLLHUP | EPOLLERR;
 
 /// The carriers' poll sets, one slot per carrier slot (`None` until that carrier starts).
 pub(crate) struct Reactor {
@@ -208,7 +213,9 @@ impl PollSet {
             // the socket's `Arc` keeps it alive until `deregister`, then `released` until the
             // start of a later poll of this set than this one (steps 1 and 2 in the module docs).
             let readiness = unsafe { &*(token as *const Readiness) };
-            readiness.deliver(bits & READ_EVENTS != 0, bits & WRITE_EVENTS != 0, woken);
+            let read = Event { ready: bits & READ_EVENTS != 0, hup: bits & READ_HUP_EVENTS != 0 };
+            let write = Event { ready: bits & WRITE_EVENTS != 0, hup: bits & WRITE_HUP_EVENTS != 0 };
+            readiness.deliver(read, write, woken);
         }
         let count = woken.len();
         // Unpark outside every registration's lock: a fiber at home on the polling carrier goes
