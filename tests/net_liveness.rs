@@ -214,3 +214,64 @@ fn an_io_copy_proxy_in_front_of_an_echo_does_not_hang() {
         });
     }
 }
+
+/// A socket joins the poll set of the carrier whose fiber first waits on it. Fiber H waits on
+/// one there, hands it to fiber B (which runs on the other carrier) and computes without a
+/// switch point. Data the peer sends while B waits must reach B while H still computes, not
+/// when H's carrier next polls its own set (before: only when H stopped).
+#[test]
+fn a_socket_handed_to_another_carrier_is_served_while_its_first_carrier_computes() {
+    within(LIMIT, "a handed-over socket's reader", || {
+        let rt = rt(2);
+        let listener = std::net::TcpListener::bind(LOCALHOST).unwrap();
+        let addr = listener.local_addr().unwrap();
+        let got = Arc::new(AtomicBool::new(false));
+        let (h_got, b_got) = (got.clone(), got.clone());
+        let (spawned_tx, spawned_rx) = std::sync::mpsc::channel();
+        let h = rt.spawn(move || {
+            let s = TcpStream::connect(addr).unwrap();
+            // One wait here registers the socket with this carrier's set.
+            s.set_read_timeout(Some(Duration::from_millis(1))).unwrap();
+            assert_eq!((&s).read(&mut [0u8; 1]).unwrap_err().kind(), io::ErrorKind::WouldBlock);
+            s.set_read_timeout(None).unwrap();
+            let here = std::thread::current().id();
+            let b = vt::spawn(move || {
+                let mut buf = [0u8; 5];
+                (&s).read_exact(&mut buf).unwrap();
+                b_got.store(true, Ordering::Release);
+                (buf, std::thread::current().id())
+            });
+            spawned_tx.send(()).unwrap();
+            // Compute until B has its data (or for long enough to tell).
+            let start = std::time::Instant::now();
+            while !h_got.load(Ordering::Acquire) && start.elapsed() < Duration::from_secs(20) {
+                std::hint::spin_loop();
+            }
+            (here, h_got.load(Ordering::Acquire), b)
+        });
+        let (mut peer, _) = listener.accept().unwrap();
+        // Send only once B is parked on the socket, so that its wake-up is what is tested (H
+        // computes by then: the fiber parked on a read is B).
+        spawned_rx.recv().unwrap();
+        let start = std::time::Instant::now();
+        loop {
+            let d = rt.dump();
+            let parked = d
+                .fibers()
+                .iter()
+                .any(|f| matches!(f.state, vt::FiberState::Parked { reason: vt::WaitReason::NetRead, .. }));
+            if parked {
+                break;
+            }
+            assert!(start.elapsed() < LIMIT / 2, "the reader never parked on the socket\n{d}");
+            std::thread::yield_now();
+        }
+        peer.write_all(b"hello").unwrap();
+        let (h_carrier, served_while_computing, b) = h.join().unwrap();
+        let (buf, b_carrier) = b.join().unwrap();
+        assert_eq!(&buf, b"hello");
+        assert_ne!(h_carrier, b_carrier, "B was meant to run on the other carrier");
+        assert!(served_while_computing, "B got its data only once H stopped computing");
+        drop(got);
+    });
+}

@@ -10,8 +10,10 @@
 //! the slots it never starts).
 //!
 //! A set is read by its owner, except when the owner cannot: a carrier blocked in the OS (the
-//! supervisor and idle carriers poll its set without blocking, as they fire its timers), and a
-//! retired spare (it sleeps in `epoll_wait` on its own set rather than in a thread park). A fiber
+//! supervisor and idle carriers poll its set without blocking, as they fire its timers), a
+//! carrier computing in one fiber with no switch point (the supervisor reads every set whose
+//! owner has not polled it since its last tick), and a retired spare (it sleeps in `epoll_wait`
+//! on its own set rather than in a thread park). A fiber
 //! woken by a carrier other than its home goes to its home's inbox, as any cross-carrier wake,
 //! so a socket shared between fibers of two homes, or a migrated fiber, is served correctly.
 //!
@@ -31,7 +33,7 @@
 
 use std::io;
 use std::os::fd::{AsRawFd, OwnedFd};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::Duration;
 
@@ -78,6 +80,9 @@ struct PollSet {
     released: Mutex<Vec<Arc<Readiness>>>,
     /// `released` is not empty (a hint, so that polls skip its lock).
     has_released: AtomicBool,
+    /// Polls by the owner so far: the supervisor reads the sets whose owner has not polled
+    /// since its last look (a carrier computing in one fiber, or blocked in the OS).
+    owner_polls: AtomicU64,
 }
 
 /// A poller's reusable buffers.
@@ -112,6 +117,7 @@ impl Reactor {
             }),
             released: Mutex::new(Vec::new()),
             has_released: AtomicBool::new(false),
+            owner_polls: AtomicU64::new(0),
         });
         Ok(())
     }
@@ -138,6 +144,13 @@ impl Reactor {
             Ok(mut b) => set.poll(&mut b, Some(Duration::ZERO), owner),
             Err(_) => 0,
         }
+    }
+
+    /// How many times carrier `i` has polled its own set (0 for a set not open).
+    pub(crate) fn owner_polls(&self, i: usize) -> u64 {
+        // Relaxed: a hint; a stale count costs one needless (non-blocking) poll, or delays one
+        // by a supervisor tick.
+        self.sets[i].get().map_or(0, |s| s.owner_polls.load(Ordering::Relaxed))
     }
 
     /// Interrupts carrier `i` blocked in `epoll_wait` on its set.
@@ -180,6 +193,11 @@ impl PollSet {
     /// signals the eventfd again, or that wake would be lost (seen as a hang under valgrind,
     /// whose slowness makes the supervisor catch carriers often).
     fn poll(&self, buffers: &mut PollBuffers, timeout: Option<Duration>, owner: bool) -> usize {
+        if owner {
+            // Only the owner writes it (under `buffers`): a load and a store, no locked add.
+            self.owner_polls
+                .store(self.owner_polls.load(Ordering::Relaxed).wrapping_add(1), Ordering::Relaxed);
+        }
         // Step 2 of the deregistration protocol: no event for these can still be pending.
         // Acquire pairs with the Release store in `deregister`.
         if self.has_released.load(Ordering::Acquire) {
