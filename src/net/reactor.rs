@@ -67,6 +67,10 @@ const WRITE_HUP_EVENTS: u32 = EPOLLHUP | EPOLLERR;
 /// The carriers' poll sets, one slot per carrier slot (`None` until that carrier starts).
 pub(crate) struct Reactor {
     sets: Box<[OnceLock<PollSet>]>,
+    /// `platform::forks()` when the runtime was built. In a child forked since, the sets are the
+    /// parent's kernel objects (an epoll set and an eventfd are shared across `fork`, unlike
+    /// memory): the child must not change them or signal them (`forked`).
+    forks: u64,
 }
 
 /// One carrier's epoll set.
@@ -95,7 +99,13 @@ struct PollBuffers {
 impl Reactor {
     /// Room for `slots` sets; opens none.
     pub(crate) fn new(slots: usize) -> Reactor {
-        Reactor { sets: (0..slots).map(|_| OnceLock::new()).collect() }
+        Reactor { sets: (0..slots).map(|_| OnceLock::new()).collect(), forks: crate::platform::forks() }
+    }
+
+    /// Whether this is a copy in a child forked after the runtime was built: its sets belong to
+    /// the parent.
+    pub(crate) fn forked(&self) -> bool {
+        crate::platform::forks() != self.forks
     }
 
     /// Opens carrier `i`'s set, unless it is open. Called before the carrier's thread starts.
@@ -155,6 +165,10 @@ impl Reactor {
 
     /// Interrupts carrier `i` blocked in `epoll_wait` on its set.
     pub(crate) fn wake(&self, i: usize) {
+        if self.forked() {
+            // A stale unpark in a forked child: the eventfd is the parent's carrier's.
+            return;
+        }
         if let Some(set) = self.sets[i].get() {
             epoll::eventfd_signal(&set.waker);
         }
@@ -172,6 +186,14 @@ impl Reactor {
     /// until no event carrying its token can be in flight (step 1 in the module docs).
     pub(crate) fn deregister(&self, i: usize, fd: i32, readiness: &Arc<Readiness>) {
         let set = self.set(i);
+        if self.forked() {
+            // A socket copied into a forked child: `DEL` would take the parent's descriptor out
+            // of the parent's set (the set is keyed by the open file, which both share), and the
+            // state must outlive any event the parent's poll may still carry for it in its copy of
+            // memory — which is not ours. Leak ours.
+            std::mem::forget(Arc::clone(readiness));
+            return;
+        }
         if epoll::epoll_del(&set.ep, fd).is_err() {
             // The descriptor was closed behind the socket's back (an I/O-safety violation by
             // someone): if a duplicate of it lives on, the kernel may keep reporting the token

@@ -289,12 +289,12 @@ impl Registration {
         !c.is_null() && std::ptr::eq(unsafe { (*c).shared() }, self.rt.ptr())
     }
 
-    /// Whether the registration's runtime has been shut down: no carrier polls its reactor any
-    /// more, so waits must not rely on it.
+    /// Whether the registration's runtime has been shut down, or this is a child forked since
+    /// it was built: no carrier polls its reactor (here), so waits must not rely on it.
     pub(crate) fn is_orphaned(&self) -> bool {
         // Relaxed: a stale `false` means one more wait on the reactor, which the runtime's
         // shutdown unwinds (same-runtime fiber) or which is the documented cross-runtime gap.
-        self.rt.shutdown.load(Ordering::Relaxed)
+        self.rt.shutdown.load(Ordering::Relaxed) || self.rt.reactor.forked()
     }
 }
 
