@@ -2,7 +2,7 @@
 //!
 //! What it guards:
 //! - fork-join: a recursive parallel sum of 10M `u64` (sequential below `CUTOFF` elements) on
-//!   `vt::join`, against the same code on `rayon::join` (issue 6's target: within 1.5× of
+//!   `vt::join`, against the same code on `rayon::join` (the target: within 1.5× of
 //!   rayon's time). A regression in join's spawn/park path shows here.
 //! - blocking jobs: 10,000 jobs that each sleep 1 ms, on `ThreadPool::unbounded()` with
 //!   `vt::sleep`, against 64 std threads taking the same jobs with `std::thread::sleep` (a

@@ -24,7 +24,7 @@
 //!
 //! Every runtime gets one worker per core and the same sizes. `migrate` is vt itself built with
 //! the `unsafe` opt-in `migrate_started_fibers(true)`: the row the sound default (started
-//! fibers stay on their home carrier) is held to (issue 19: within 5%, W5 at least as fast).
+//! fibers stay on their home carrier) is held to (`arch/decisions/0003-home-carriers.md`: within 5%, W5 at least as fast).
 //! `unpinned` is vt with `pin_carriers(false)`: what pinning (the default pins each carrier until
 //! its CPU is shared) buys on this machine. `VT_PIN_CARRIERS` in the environment would force one
 //! policy on every vt row: leave it unset here.
@@ -98,7 +98,7 @@ const W6_RUNS: usize = 5;
 struct Peers {
     vt: vt::Runtime,
     /// vt with started fibers migrating between carriers (the `unsafe` opt-in): the column the
-    /// home-carrier default is measured against (issue 19).
+    /// home-carrier default is measured against (`arch/decisions/0003-home-carriers.md`).
     vt_migrate: vt::Runtime,
     /// vt with carriers never pinned (`pin_carriers(false)`): the `unpinned` row, against the
     /// default (pinned until a carrier's CPU is shared).
@@ -172,7 +172,7 @@ fn main() {
 impl Peers {
     /// Says which vt carriers floated off a shared CPU during the run (the default policy,
     /// `runtime::Builder::pin_carriers`): a row whose carriers floated ran partly unpinned, which
-    /// moves fork-join figures by a third on this machine (the README's "CPU affinity").
+    /// moves fork-join figures by a third on this machine (`arch/performance.md`, "CPU affinity").
     fn report_floats(&self) {
         for (name, rt) in [("vt", &self.vt), ("migrate", &self.vt_migrate)] {
             let floats: Vec<u64> = rt.metrics().per_carrier.iter().map(|c| c.floats).collect();

@@ -26,10 +26,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Condvar, Mutex};
 use std::time::Duration;
 
-use crate::diagnostics::WaitReason;
 use crate::fiber::context;
 use crate::fiber::handle::Fiber;
 use crate::fiber::park::{WaitOnUnwind, park_for};
+use crate::fiber::wait::WaitReason;
 
 /// Most helper threads at once; beyond, calls queue for a free one. Java bounds its carrier
 /// compensation at 256 for the same reason: blocking pools that grew without bound.
@@ -165,7 +165,7 @@ where
         f: UnsafeCell::new(Some(f)),
         out: UnsafeCell::new(None),
         done: AtomicBool::new(false),
-        waiter: crate::current(),
+        waiter: crate::fiber::handle::current(),
     };
     if submit(Task { run: run_call::<F, T>, data: (&raw const call).cast() }).is_err() {
         // No helper thread could be started (out of threads): block this carrier instead, as a

@@ -822,7 +822,7 @@ fn timers_fire_in_deadline_order_whatever_the_arming_order() {
 
 /// Started fibers stay on their home carrier, so they must spread when they start: a fiber that
 /// spawns many yielders and waits for them has them started on both carriers, not all on its own
-/// (issue 19 measured one run that started all 200 on one carrier while the other idled).
+/// (before balance at start, one run started all 200 on one carrier while the other idled).
 #[test]
 fn fibers_spawned_by_one_fiber_start_on_every_carrier() {
     let rt = rt(2);

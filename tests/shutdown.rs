@@ -1,4 +1,4 @@
-//! Dropping a runtime, and the hangs around it (issue 19, points 4 and 5):
+//! Dropping a runtime, and the hangs around it (`arch/scheduler.md`, "Shutdown"):
 //!
 //! - a started fiber is unwound on its home carrier's thread, before that thread exits, so a
 //!   thread-local it holds across a park is still its own (`arch/scheduler.md` "Shutdown");

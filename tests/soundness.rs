@@ -1,5 +1,5 @@
 //! Sound by default: the hazards that migration of started fibers made reachable from safe code
-//! (issue 19's measurements), each on the default runtime, where a started fiber stays on its
+//! (`arch/decisions/0003-home-carriers.md` has the measurements), each on the default runtime, where a started fiber stays on its
 //! home carrier (`arch/decisions/0003-home-carriers.md`).
 //!
 //! - the OS thread and a thread-local's address stay the same across thousands of switches, on

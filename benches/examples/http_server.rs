@@ -1,5 +1,5 @@
 //! A small HTTP/1.1 server on `vt::net`, parsing with httparse: a fiber per connection,
-//! keep-alive and pipelining, plain blocking code (README, "With rustls, tungstenite,
+//! keep-alive and pipelining, plain blocking code (`arch/guide.md`, "With rustls, tungstenite,
 //! httparse"). `GET /` answers "Hello, world!"; anything else is a 404. Ctrl-C or SIGTERM
 //! stops it. Meant as a benchmark target too: `wrk -c 1000 http://127.0.0.1:8080/`.
 //!

@@ -1,6 +1,6 @@
 //! TLS with rustls over `vt::net`: a server and its clients, each connection a fiber running
 //! blocking-style rustls (`StreamOwned` over a `vt::net::TcpStream`), with a self-signed
-//! certificate made at start-up with rcgen (README, "With rustls, tungstenite, httparse").
+//! certificate made at start-up with rcgen (`arch/guide.md`, "With rustls, tungstenite, httparse").
 //!
 //! rustls runs with its `ring` provider (the default, aws-lc-rs, needs cmake to build).
 //! Run: `cargo run --example tls_echo`; `benches/tests/examples.rs` runs it as a test.

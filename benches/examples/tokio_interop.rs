@@ -1,5 +1,5 @@
 //! Async interop: fibers call an async-only client that needs tokio's reactor, and a tokio
-//! task awaits a fiber (README, "Using async crates").
+//! task awaits a fiber (`arch/guide.md`, "Using async crates").
 //!
 //! The client's future runs on a tokio runtime (`tokio.spawn`), where its socket is
 //! registered with tokio's reactor; the fiber parks in `vt::future::block_on` until tokio's

@@ -1,5 +1,5 @@
 //! A WebSocket echo with tungstenite over `vt::net`: tungstenite's blocking API, each
-//! connection a fiber (README, "With rustls, tungstenite, httparse").
+//! connection a fiber (`arch/guide.md`, "With rustls, tungstenite, httparse").
 //!
 //! Run: `cargo run --example ws_echo`; `benches/tests/examples.rs` runs it as a test.
 

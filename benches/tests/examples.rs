@@ -1,4 +1,4 @@
-//! The member's examples, run as tests: each example's code is what the README's sections
+//! The member's examples, run as tests: each example's code is what the guide's (`arch/guide.md`) sections
 //! "Using async crates" and "With rustls, tungstenite, httparse" quote.
 
 // Both HTTP servers include `common/http.rs` and the flag parser, as each is an example binary

@@ -1,14 +1,14 @@
-//! The README's snippets in "Using async crates" and "With rustls, tungstenite, httparse" are
-//! excerpts of this package's examples, which `tests/examples.rs` runs: every line of each
+//! The guide's snippets (`arch/guide.md`) in "Using async crates" and "With rustls, tungstenite,
+//! httparse" are excerpts of this package's examples, which `tests/examples.rs` runs: every line of each
 //! snippet (but `// ...`, which marks a gap) must appear in one example, in order.
 
 use std::path::Path;
 
 const SECTIONS: [&str; 2] = ["## Using async crates", "## With rustls, tungstenite, httparse"];
 
-/// The ```rust blocks of the README section that starts with `heading`.
+/// The ```rust blocks of the guide's section that starts with `heading`.
 fn snippets(readme: &str, heading: &str) -> Vec<Vec<String>> {
-    let start = readme.find(heading).unwrap_or_else(|| panic!("README has no section {heading:?}"));
+    let start = readme.find(heading).unwrap_or_else(|| panic!("arch/guide.md has no section {heading:?}"));
     let body = &readme[start + heading.len()..];
     let body = &body[..body.find("\n## ").unwrap_or(body.len())];
     let mut blocks = Vec::new();
@@ -34,9 +34,9 @@ fn appears_in(lines: &[String], file: &str) -> bool {
 }
 
 #[test]
-fn readme_snippets_are_the_examples_code() {
+fn guide_snippets_are_the_examples_code() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let readme = std::fs::read_to_string(root.join("../README.md")).unwrap();
+    let readme = std::fs::read_to_string(root.join("../arch/guide.md")).unwrap();
     // The examples' files, and those of their shared modules (`examples/common/`).
     let mut dirs = vec![root.join("examples")];
     let mut examples: Vec<(String, String)> = Vec::new();
@@ -54,7 +54,7 @@ fn readme_snippets_are_the_examples_code() {
         for block in snippets(&readme, heading) {
             assert!(
                 examples.iter().any(|(_, code)| appears_in(&block, code)),
-                "a snippet of README section {heading:?} is not, line for line, in any of \
+                "a snippet of arch/guide.md section {heading:?} is not, line for line, in any of \
                  benches/examples/*.rs:\n{}",
                 block.join("\n")
             );

@@ -37,8 +37,9 @@ use std::sync::PoisonError;
 use std::time::{Duration, Instant};
 
 use super::error::{RecvTimeoutError, SendTimeoutError, TryRecvError, TrySendError};
+use crate::fiber::wait::WaitReason;
 use crate::sync::loom::{self, Arc, AtomicUsize, Fiber, Ordering, UnsafeCell};
-use crate::sync::wait_list::{self, Entry, Outcome, WaitQueue, WaitReason, Waiter};
+use crate::sync::wait_list::{self, Entry, Outcome, WaitQueue, Waiter};
 
 /// The capacity of an unbounded channel.
 pub(crate) const UNBOUNDED: usize = usize::MAX;
@@ -80,6 +81,8 @@ pub(crate) struct Chan<T> {
     pub(crate) senders: AtomicUsize,
     /// Live `Receiver` handles; the last one to go disconnects the senders.
     pub(crate) receivers: AtomicUsize,
+    /// Made by `never()`: every such channel counts as the same one (`same_channel`).
+    never: bool,
 }
 
 // SAFETY: the fast slot's cells are used one party at a time as the `fast` word allows (each
@@ -106,6 +109,21 @@ struct Synced<T> {
     recv_watchers: Vec<Watcher>,
     /// `after` and `tick` channels: when the next message is due. Nobody sends on them.
     timer: Option<Timer<T>>,
+}
+
+/// A buffer never shrinks below this many messages' room.
+const MIN_ROOM: usize = 64;
+
+/// Gives a draining buffer's memory back, as crossbeam's list of blocks does: once a quarter
+/// of the room is in use, half goes. The gap between growing (at full) and shrinking keeps
+/// the cost amortised O(1) per message, and a channel that hovers at one length reallocates
+/// nothing; a burst into an unbounded channel does not pin its peak for the channel's life.
+#[inline]
+fn give_back_room<T>(buf: &mut VecDeque<T>) {
+    let room = buf.capacity();
+    if room > MIN_ROOM && buf.len() <= room / 4 {
+        buf.shrink_to((buf.len() * 2).max(MIN_ROOM));
+    }
 }
 
 /// A select's waiter and the index of its operation on this channel.
@@ -348,6 +366,11 @@ impl<T> Chan<T> {
         Self::with_timer(cap, None)
     }
 
+    /// The channel behind `never()`: a rendezvous nobody can send on.
+    pub(crate) fn new_never() -> Chan<T> {
+        Chan { never: true, ..Self::new(0) }
+    }
+
     /// A channel that nobody sends on, whose receivers get `timer`'s firings (`after`, `tick`).
     pub(crate) fn new_timer(timer: Timer<T>) -> Chan<T> {
         Self::with_timer(1, Some(timer))
@@ -376,6 +399,7 @@ impl<T> Chan<T> {
             fast_msg: UnsafeCell::new(None),
             senders: AtomicUsize::new(1),
             receivers: AtomicUsize::new(1),
+            never: false,
         }
     }
 
@@ -577,13 +601,20 @@ impl<T> Chan<T> {
         (self.cap != UNBOUNDED).then_some(self.cap)
     }
 
+    /// Buffered messages; a timer channel counts its due firing as one, as crossbeam's do.
     pub(crate) fn len(&self) -> usize {
-        self.lock().buf.len()
+        let synced = self.lock();
+        synced.buf.len() + usize::from(synced.timer.as_ref().is_some_and(Timer::is_due))
     }
 
     /// Whether the buffer is full now; always true for a rendezvous channel.
     pub(crate) fn is_full(&self) -> bool {
-        self.lock().buf.len() >= self.cap
+        self.len() >= self.cap
+    }
+
+    /// Whether this is a [`never`](super::never) channel.
+    pub(crate) fn is_never(&self) -> bool {
+        self.never
     }
 
     // ---- sending -------------------------------------------------------------------------
@@ -718,7 +749,10 @@ impl<T> Chan<T> {
                 match &served {
                     // Invariant 2: the buffer was full; the sender's message takes the room.
                     Some(slot) => synced.buf.push_back(slot.take().expect("granted send slot")),
-                    None => notify(&mut synced.send_watchers, None),
+                    None => {
+                        notify(&mut synced.send_watchers, None);
+                        give_back_room(&mut synced.buf);
+                    }
                 }
                 msg
             }

@@ -180,7 +180,7 @@ impl<T> JoinHandle<T> {
     pub fn join(self) -> thread::Result<T> {
         let rec = self.rec();
         // SAFETY: the fiber reads `waiter` only after seeing WAITING, not yet published.
-        let publish_handle = || unsafe { *rec.waiter.get() = Some(crate::current()) };
+        let publish_handle = || unsafe { *rec.waiter.get() = Some(crate::fiber::handle::current()) };
         wait_for_result(&rec.join, publish_handle, || {
             super::park::park_for(super::wait::WaitReason::Join, None)
         });

@@ -36,8 +36,7 @@ use schedule::{RuntimeRef, Schedule};
 use stack::{FiberStack, SizeClass};
 
 pub(crate) use counted::FiberRef;
-pub(crate) use id::FiberId;
-pub(crate) use join::JoinHandle;
+use id::FiberId;
 
 /// What a fiber asks of its carrier when it switches out.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -30,7 +30,7 @@ pub const MAX_STACK_SIZE: usize = 1 << 30;
 /// printed backtrace (~22 KiB measured). It is a reservation; only touched pages cost memory, but a wider reservation spreads the stacks'
 /// touched pages over more page tables: per parked fiber 137 B of page tables at 64 KiB, 265 B
 /// at 128 KiB, 522 B at 256 KiB, 2,061 B at 1 MiB, against ~4,470 B of RSS. 128 KiB is the
-/// largest measured size that costs under 5% (README, "Limits").
+/// largest measured size that costs under 5% (`arch/guide.md`, "Limits and how to raise them").
 pub const DEFAULT_STACK_SIZE: usize = 128 * 1024;
 
 /// Slots in the first arena of a class; each further arena doubles, up to `MAX_ARENA_SLOTS`.

@@ -28,9 +28,9 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
-use super::registration::{Learnt, Registration, Wait};
 use crate::fiber::context;
 use crate::platform::net::{self as sys, Direction};
+use crate::scheduler::reactor::registration::{Learnt, Registration, Wait};
 
 /// How the calling code waits for readiness.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -57,7 +57,7 @@ impl Waiter {
 
 /// Whether a successful operation drained the buffer it worked on (then the readiness bit is
 /// cleared at once, saving the `EAGAIN` round trip the next call would make; an end of stream or
-/// error delivered with the data stays, see `registration.rs`).
+/// error delivered with the data stays, see `scheduler/reactor/registration.rs`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Drained {
     Yes,
@@ -242,7 +242,7 @@ impl<S: AsFd> IoSource<S> {
                     // reactor. Park, to be unwound by the drop like every other waiting fiber
                     // (re-registering and retrying here would spin, and the drop would wait
                     // for this carrier for ever).
-                    crate::park();
+                    crate::fiber::park::park();
                     continue;
                 }
                 // Orphaned by another runtime's drop: wait like a thread (the supervisor

@@ -87,7 +87,7 @@ impl Builder {
     /// run on any CPU this process may use, and is pinned again after a while to look once
     /// more (after 10 s, doubling each time it has to float again, up to 5 minutes). A pinned
     /// carrier cannot leave a CPU another process keeps busy, and started fibers cannot leave
-    /// their carrier: on a shared host, pinning alone costs throughput (figures in the README's
+    /// their carrier: on a shared host, pinning alone costs throughput (figures in `arch/performance.md`,
     /// "CPU affinity"). [`Metrics::per_carrier`](crate::Metrics::per_carrier) says where each
     /// carrier is pinned now.
     ///

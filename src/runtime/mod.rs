@@ -7,6 +7,7 @@
 //! `arch/overview.md` and `arch/scheduler.md` "Shutdown".
 
 pub mod builder;
+pub(crate) mod metrics;
 pub(crate) mod spawn;
 
 use std::fmt;
@@ -18,13 +19,14 @@ use std::thread;
 
 pub use builder::Builder;
 
-use crate::diagnostics::WaitReason;
-use crate::fiber::JoinHandle;
+use crate::fiber::join::JoinHandle;
 use crate::fiber::park::{WaitOnUnwind, finished};
+use crate::fiber::schedule::RuntimeRef;
+use crate::fiber::wait::WaitReason;
 use crate::runtime::spawn::Builder as FiberBuilder;
+use crate::scheduler::Shared;
 use crate::scheduler::config::{Affinity, Config};
 use crate::scheduler::shutdown;
-use crate::scheduler::{RuntimeRef, Shared};
 
 /// A set of carrier threads running fibers. See the crate docs for an overview.
 pub struct Runtime {
@@ -61,7 +63,7 @@ impl Runtime {
             unsafe { crate::platform::after_fork_in_child(after_fork_in_child) };
         });
         crate::fiber::overflow::install_handler();
-        crate::diagnostics::install_panic_hook();
+        crate::scheduler::diagnostics::install_panic_hook();
 
         let n = config.carriers;
         let cores = match config.affinity {
@@ -69,8 +71,7 @@ impl Runtime {
             Affinity::Adaptive | Affinity::Pinned => crate::platform::core_ids(),
         };
         let name = config.thread_name.clone();
-        let reactor = crate::net::reactor::Reactor::new(config.max_carriers);
-        let rt = RuntimeRef::new(Shared::new(config, reactor));
+        let rt = RuntimeRef::new(Shared::new(config));
         // From here on, dropping `runtime` stops whatever was started.
         let mut runtime = Runtime { handle: Handle { rt: rt.clone(), forks: forks() }, supervisor: None };
         for i in 0..n {
@@ -85,7 +86,7 @@ impl Runtime {
         })?;
         runtime.supervisor = Some(t);
         if rt.config.dump_on_sigquit {
-            crate::diagnostics::dump_on_sigquit(&rt)?;
+            crate::scheduler::diagnostics::dump_on_sigquit(&rt)?;
         }
         Ok(runtime)
     }
@@ -119,7 +120,7 @@ impl Runtime {
 
     /// A snapshot of the runtime's counters, summed over the carriers (reading costs them
     /// nothing).
-    pub fn metrics(&self) -> crate::Metrics {
+    pub fn metrics(&self) -> crate::runtime::metrics::Metrics {
         self.handle.metrics()
     }
 
@@ -138,7 +139,7 @@ impl Runtime {
     /// drop(tx);
     /// assert!(h.join().unwrap().is_err());
     /// ```
-    pub fn dump(&self) -> crate::FiberDump {
+    pub fn dump(&self) -> crate::scheduler::diagnostics::FiberDump {
         self.handle.dump()
     }
 
@@ -198,13 +199,13 @@ impl Handle {
     }
 
     /// See [`Runtime::metrics`].
-    pub fn metrics(&self) -> crate::Metrics {
-        crate::Metrics::read(&self.rt)
+    pub fn metrics(&self) -> crate::runtime::metrics::Metrics {
+        crate::runtime::metrics::Metrics::read(&self.rt)
     }
 
     /// See [`Runtime::dump`].
-    pub fn dump(&self) -> crate::FiberDump {
-        crate::diagnostics::collect(&self.rt)
+    pub fn dump(&self) -> crate::scheduler::diagnostics::FiberDump {
+        crate::scheduler::diagnostics::collect(&self.rt)
     }
 
     pub(crate) fn runtime(&self) -> &RuntimeRef {
@@ -260,7 +261,7 @@ impl Drop for Runtime {
 
 /// Stops the runtime's threads and unwinds its unfinished fibers (`shutdown` is set).
 fn stop(rt: &Shared, supervisor: Option<thread::JoinHandle<()>>) {
-    crate::diagnostics::forget_sigquit(rt);
+    crate::scheduler::diagnostics::forget_sigquit(rt);
     if let Some(t) = supervisor {
         t.thread().unpark();
         let _ = t.join();

@@ -12,9 +12,9 @@ use crate::fiber::context;
 use crate::fiber::coroutine::{Erased, prepare};
 use crate::fiber::id::next_id;
 use crate::fiber::join::JoinHandle;
+use crate::fiber::schedule::RuntimeRef;
 use crate::fiber::scope_data::ScopeData;
 use crate::fiber::stack::{SizeClass, usable_size};
-use crate::scheduler::RuntimeRef;
 use crate::scheduler::carrier::Carrier;
 
 /// Fiber factory, like `std::thread::Builder`: a name and a stack size for the next fiber.
@@ -72,7 +72,7 @@ impl Builder {
 
     /// Spawns the fiber on the runtime `handle` refers to.
     #[track_caller]
-    pub fn spawn_on<F, T>(self, handle: &crate::Handle, f: F) -> io::Result<JoinHandle<T>>
+    pub fn spawn_on<F, T>(self, handle: &crate::runtime::Handle, f: F) -> io::Result<JoinHandle<T>>
     where
         F: FnOnce() -> T + Send + 'static,
         T: Send + 'static,
@@ -181,7 +181,7 @@ fn fork_yield(c: &Carrier) {
     let n = me.spawns.get() + 1;
     me.spawns.set(n);
     if n >= every {
-        crate::yield_now(); // resets the count
+        crate::fiber::park::yield_now(); // resets the count
     }
 }
 

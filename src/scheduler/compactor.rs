@@ -5,7 +5,9 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use super::{Shared, Wake, bump};
+use crate::fiber::schedule::Wake;
+
+use super::{Shared, bump};
 use crate::fiber::compact::{SavedStack, red_zone};
 use crate::fiber::stack::ARENAS;
 use crate::fiber::{FiberRecord, FiberRef, PARKED, STAGE_SAVED};

@@ -156,9 +156,10 @@ mod tests {
     use std::panic::Location;
 
     use super::*;
-    use crate::fiber::FiberId;
+    use crate::fiber::id::FiberId;
+    use crate::fiber::schedule::RuntimeRef;
     use crate::fiber::{FiberRecord, Init, StageVTable};
-    use crate::scheduler::{RuntimeRef, Shared};
+    use crate::scheduler::Shared;
 
     static NO_STAGE: StageVTable =
         StageVTable { run: |_| unreachable!("never run"), fail: |_, _| {}, drop_result: |_| false };

@@ -16,6 +16,9 @@
 //! | `runtime_ref.rs` | the counted `RuntimeRef` and the `Schedule` impl fiber/ calls through |
 //! | `supervisor.rs`, `compactor.rs`, `locations.rs` | blocked-carrier detection and compensation, the compaction policy, blocking locations |
 //! | `affinity.rs` | the carriers' CPU affinity policy: pinned until their CPU is shared, then floating |
+//! | `time.rs` | the carriers' timer heaps: arming, disarming and firing timed waits |
+//! | `reactor/` | the carriers' epoll sets and each socket's registration (readiness word, waiters) |
+//! | `diagnostics.rs` | dumps, the deadlock, starvation and saturation reports, SIGQUIT, the panic hook |
 //! | `roots.rs` | the record arena (the fiber roots dumps walk) |
 //! | `shutdown.rs` | the runtime's drop: the hand-over of fibers to unwind on their home carriers |
 //! | `config.rs` | the validated settings |
@@ -24,19 +27,21 @@ mod affinity;
 pub(crate) mod carrier;
 mod compactor;
 pub(crate) mod config;
+pub(crate) mod diagnostics;
 mod home_queue;
 mod idle;
 mod inbox;
 mod injector;
 pub(crate) mod locations;
+pub(crate) mod reactor;
 pub(crate) mod roots;
 mod run_queue;
 mod runtime_ref;
 mod shared;
 pub(crate) mod shutdown;
 pub(crate) mod supervisor;
+pub(crate) mod time;
 
-pub(crate) use crate::fiber::schedule::{RuntimeRef, Wake};
 pub(crate) use idle::Idle;
 pub(crate) use injector::Injector;
 pub(crate) use roots::Roots;

@@ -15,12 +15,12 @@ use super::config::Config;
 use crate::fiber::context;
 use crate::fiber::stack::SizeClass;
 use crate::fiber::{FiberRecord, FiberRef, NO_HOME};
-use crate::net::reactor::Reactor;
-use crate::time::TimerHeap;
+use crate::scheduler::reactor::Reactor;
+use crate::scheduler::time::TimerHeap;
 
-use super::{
-    Idle, Injector, Roots, RuntimeRef, carrier, compactor, inbox, locations, run_queue, shutdown, supervisor,
-};
+use crate::fiber::schedule::RuntimeRef;
+
+use super::{Idle, Injector, Roots, carrier, compactor, inbox, locations, run_queue, shutdown, supervisor};
 
 /// Aligns a value to its own cache line pair (the adjacent-line prefetcher pulls lines in
 /// pairs), so per-carrier state is never falsely shared.
@@ -216,8 +216,10 @@ impl Drop for Shared {
 }
 
 impl Shared {
-    /// State for `config.max_carriers` carrier slots; no thread is started yet.
-    pub(crate) fn new(config: Config, reactor: Reactor) -> Shared {
+    /// State for `config.max_carriers` carrier slots, and their reactor; no thread is started
+    /// yet (a carrier opens its poll set when it starts).
+    pub(crate) fn new(config: Config) -> Shared {
+        let reactor = Reactor::new(config.max_carriers);
         let n = config.carriers;
         let (workers, stealers): (Vec<_>, Vec<_>) =
             (0..config.max_carriers).map(|_| run_queue::new(run_queue::CAPACITY)).unzip();

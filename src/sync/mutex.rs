@@ -20,7 +20,8 @@ use std::sync::{LockResult, PoisonError, TryLockError, TryLockResult};
 
 use super::loom::{self, Arc, AtomicU8, Ordering};
 use super::poison;
-use super::wait_list::{Outcome, WaitQueue, WaitReason, Waiter};
+use super::wait_list::{Outcome, WaitQueue, Waiter};
+use crate::fiber::wait::WaitReason;
 
 /// The lock is held.
 const LOCKED: u8 = 1;

@@ -24,7 +24,8 @@ use std::sync::{LockResult, PoisonError, TryLockError, TryLockResult};
 
 use super::loom::{self, Arc, AtomicUsize, Ordering};
 use super::poison;
-use super::wait_list::{Entry, Outcome, WaitQueue, WaitReason, Waiter};
+use super::wait_list::{Entry, Outcome, WaitQueue, Waiter};
+use crate::fiber::wait::WaitReason;
 
 const WRITER: usize = 1;
 const QUEUED: usize = 2;

@@ -23,7 +23,7 @@ use std::time::Instant;
 
 use super::loom::{self, AtomicUsize, Fiber, Ordering};
 
-pub(crate) use crate::diagnostics::WaitReason;
+use crate::fiber::wait::WaitReason;
 
 /// Parks the calling fiber (or plain thread) until an unpark, a spurious wake-up or `deadline`.
 ///

@@ -327,7 +327,7 @@ impl Carrier {
         if now < next {
             return 0;
         }
-        let n = crate::time::fire(&self.rt, self.index, now, false);
+        let n = crate::scheduler::time::fire(&self.rt, self.index, now, false);
         bump(&slot.stats.timer_wakeups, n as u64);
         n
     }
@@ -337,7 +337,7 @@ impl Carrier {
         let mut woken = 0;
         for (i, slot) in self.rt.slots[..self.rt.started()].iter().enumerate() {
             if i != self.index && slot.next_deadline.load(Ordering::Relaxed) <= now {
-                woken += crate::time::fire(&self.rt, i, now, true);
+                woken += crate::scheduler::time::fire(&self.rt, i, now, true);
             }
         }
         bump(&self.slot().stats.timer_wakeups, woken as u64);

@@ -32,10 +32,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
 
-use crate::Fiber;
-use crate::diagnostics::WaitReason;
+use crate::fiber::handle::Fiber;
+use crate::fiber::schedule::RuntimeRef;
+use crate::fiber::wait::WaitReason;
 use crate::platform::net::Direction;
-use crate::scheduler::RuntimeRef;
 
 const READABLE: u64 = 1 << 0;
 const WRITABLE: u64 = 1 << 1;
@@ -215,7 +215,7 @@ impl Readiness {
     /// Parks the calling fiber until `dir` is ready, the socket closes, or `deadline` passes.
     /// Never returns spuriously.
     pub(crate) fn wait(&self, dir: Direction, deadline: Option<Instant>) -> Wait {
-        let me = crate::current();
+        let me = crate::fiber::handle::current();
         loop {
             {
                 let mut w = self.lock();

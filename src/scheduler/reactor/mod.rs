@@ -31,15 +31,17 @@
 //! that wait belongs to an earlier poll, whose dispatch finished before the poll that runs step
 //! 2 for it began. See `arch/io.md`.
 
+pub(crate) mod registration;
+
 use std::io;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::Duration;
 
-use super::registration::{Event, Readiness};
-use crate::Fiber;
+use crate::fiber::handle::Fiber;
 use crate::platform::epoll;
+use registration::{Event, Readiness};
 
 /// The eventfd's token; registrations use any other value (addresses are never `u64::MAX`).
 const WAKE_TOKEN: u64 = u64::MAX;

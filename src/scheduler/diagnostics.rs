@@ -15,12 +15,12 @@ use std::sync::Mutex;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
+use crate::fiber::schedule::RuntimeRef;
 use crate::fiber::{FiberRef, PARKED, RUNNABLE, RUNNING};
 use crate::platform::signal as sys;
-use crate::scheduler::{RuntimeRef, Shared};
+use crate::scheduler::Shared;
 
-pub use crate::fiber::wait::WaitReason;
-pub(crate) use crate::fiber::wait::{PLAIN_CALLS, PLAIN_IN_VT, WAIT_TIMED};
+use crate::fiber::wait::{PLAIN_IN_VT, WAIT_TIMED, WaitReason};
 
 /// What a fiber was doing when the dump saw it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -69,7 +69,7 @@ impl fmt::Display for FiberState {
 #[non_exhaustive]
 pub struct FiberInfo {
     /// The fiber's id.
-    pub id: crate::FiberId,
+    pub id: crate::fiber::id::FiberId,
     /// Its name, if it was given one.
     pub name: Option<String>,
     /// What it was doing.
