@@ -130,6 +130,12 @@ impl Injector {
         None
     }
 
+    /// Fibers queued, summed over the shards without their locks (a moment's estimate, for the
+    /// supervisor).
+    pub(crate) fn len(&self) -> usize {
+        self.shards.iter().map(|s| s.len.load(Ordering::Relaxed)).sum()
+    }
+
     /// Takes one fiber (used at shutdown, without a local queue).
     pub(crate) fn pop_any(&self) -> Option<FiberRef> {
         self.shards.iter().filter(|s| !s.looks_empty()).find_map(|s| {
