@@ -94,6 +94,7 @@ struct Watch {
 
 /// The supervisor thread's body.
 pub(crate) fn run(rt: RuntimeRef) {
+    rt.supervisor_thread.get_or_init(std::thread::current);
     let every = rt.config.supervisor_interval;
     let mut watch: Vec<Watch> = Vec::new();
     let mut totals: HashMap<usize, Known> = HashMap::new();

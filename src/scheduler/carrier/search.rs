@@ -390,13 +390,15 @@ impl Carrier {
         }
         slot.on_reactor.store(false, Ordering::Relaxed);
         match idle.unregister(self.index) {
-            crate::scheduler::idle::Unregister::WasNotified => self.searching.set(true),
+            crate::scheduler::queue::idle::Unregister::WasNotified => self.searching.set(true),
             // Work seen on the re-check is looked for as a searcher, so that taking it from the
             // injector wakes the next carrier (step 3) as stealing it would: otherwise a second
             // fiber pushed while we counted as searching waits behind the first (found by the
             // loom model of the idle protocol, `arch/loom.md`, finding 3).
-            crate::scheduler::idle::Unregister::Removed if visible => self.searching.set(idle.try_search()),
-            crate::scheduler::idle::Unregister::Removed => {}
+            crate::scheduler::queue::idle::Unregister::Removed if visible => {
+                self.searching.set(idle.try_search())
+            }
+            crate::scheduler::queue::idle::Unregister::Removed => {}
         }
         self.rt.supervisor_wake();
     }
