@@ -10,6 +10,7 @@ pub(crate) mod thread;
 
 use std::io;
 use std::sync::OnceLock;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 /// `MADV_GUARD_INSTALL` (Linux 6.13, uapi `asm-generic/mman-common.h`); libc 0.2 does not export it.
 const MADV_GUARD_INSTALL: libc::c_int = 102;
@@ -131,6 +132,23 @@ pub(crate) fn gettid() -> i32 {
 pub(crate) fn clock_ticks_per_sec() -> libc::c_long {
     // SAFETY: sysconf has no preconditions.
     unsafe { libc::sysconf(libc::_SC_CLK_TCK) }
+}
+
+/// Processes forked so far in this process's line (bumped in the child by the runtime's
+/// `pthread_atfork` handler, `count_fork`): whatever was built before a fork — a runtime, its
+/// epoll sets — remembers the count it was built at, and has no threads in the child.
+static FORKS: AtomicU64 = AtomicU64::new(0);
+
+/// Called by the child handler only (async-signal-safe: one atomic add).
+pub(crate) fn count_fork() {
+    FORKS.fetch_add(1, Ordering::Relaxed);
+}
+
+/// See `FORKS`. Relaxed: the count changes only in a child's single thread, before anything
+/// else runs there.
+#[inline]
+pub(crate) fn forks() -> u64 {
+    FORKS.load(Ordering::Relaxed)
 }
 
 /// Runs `handler` in the child after every `fork`.
