@@ -13,7 +13,7 @@ pub(crate) mod spawn;
 use std::fmt;
 use std::io;
 use std::panic::{Location, resume_unwind};
-use std::sync::atomic::{AtomicPtr, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicPtr, Ordering};
 use std::sync::{Mutex, OnceLock};
 use std::thread;
 
@@ -39,7 +39,7 @@ pub struct Runtime {
 #[derive(Clone)]
 pub struct Handle {
     rt: RuntimeRef,
-    /// `FORKS` when the runtime was built (see `check_not_forked`).
+    /// `platform::forks()` when the runtime was built (see `check_not_forked`).
     forks: u64,
 }
 
@@ -254,17 +254,18 @@ impl Drop for Runtime {
     }
 }
 
-/// Processes forked so far in this process's line (bumped in the child by a `pthread_atfork`
-/// handler): a runtime remembers the count it was built at, and one built before a fork has
-/// no threads in the child.
-static FORKS: AtomicU64 = AtomicU64::new(0);
-
+/// The `pthread_atfork` child handler, run on the child's only thread, the one that called
+/// `fork`. It counts the fork (a runtime built before it has no threads here), and if that
+/// thread is a carrier, makes it a plain thread: the fiber that forked goes on as the child's
+/// program, and neither it nor its carrier's loop may touch the parent's runtime again (its
+/// epoll sets and eventfds are shared with the parent: `fiber::context::forget_carrier_after_fork`).
 extern "C" fn after_fork_in_child() {
-    FORKS.fetch_add(1, Ordering::Relaxed);
+    crate::platform::count_fork();
+    crate::fiber::context::forget_carrier_after_fork();
 }
 
 pub(crate) fn forks() -> u64 {
-    FORKS.load(Ordering::Relaxed)
+    crate::platform::forks()
 }
 
 /// Panics if `h`'s runtime was built before a `fork` (in the parent: its carriers do not exist

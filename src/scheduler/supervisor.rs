@@ -86,6 +86,8 @@ struct Watch {
     /// row the carrier ran one fiber without a switch, declared blocking sections included.
     report_progress: u64,
     same: u32,
+    /// The carrier's own polls of its epoll set at the last tick (`Reactor::owner_polls`).
+    owner_polls: u64,
     /// The off-CPU rule's view of this carrier (`OffCpu`).
     off: OffCpu,
 }
@@ -119,7 +121,7 @@ pub(crate) fn run(rt: RuntimeRef) {
             }
         }
         surge(&rt, &mut watch, waiting);
-        poll_blocked_sets(&rt, started);
+        poll_unread_sets(&rt, &mut watch);
         saturation.check(&rt);
         if let Some(a) = &mut affinity {
             a.check(&rt);
@@ -145,16 +147,22 @@ pub(crate) fn run(rt: RuntimeRef) {
     }
 }
 
-/// A carrier blocked in the OS leaves its poll set unread; a fiber at home on another carrier
-/// may wait on a socket registered there (`reactor/`). Idle carriers read such sets too,
-/// but an idle runtime's carriers sleep in their own `epoll_wait`: so the supervisor, which
-/// ticks while a carrier is blocked, reads them without blocking. Woken fibers go to their
+/// Reads, without blocking, every poll set its carrier has not read since the last tick: a
+/// carrier blocked in the OS, or computing in one fiber without a switch point, leaves readiness
+/// there unread, and a fiber at home on another carrier may wait on a socket registered there (a
+/// socket handed between fibers, shared, or a migrated fiber: `reactor/`). Idle carriers
+/// read the sets of blocked carriers too, but an idle runtime's carriers sleep in their own
+/// `epoll_wait`, and no one else notices a computing carrier: so the supervisor, which ticks
+/// while any carrier is not asleep, does (Go's sysmon polls the network when nobody has for
+/// 10 ms). A set whose owner sleeps in it is skipped (`try_poll`). Woken fibers go to their
 /// home's inbox (or the injector).
-fn poll_blocked_sets(rt: &Shared, started: usize) {
-    for (i, slot) in rt.slots.upto(started).enumerate() {
-        if slot.in_blocking.load(Ordering::Relaxed) || slot.caught.load(Ordering::Relaxed) {
+fn poll_unread_sets(rt: &Shared, watch: &mut [Watch]) {
+    for (i, w) in watch.iter_mut().enumerate() {
+        let polls = rt.reactor.owner_polls(i);
+        if polls == w.owner_polls {
             rt.reactor.try_poll(i, false);
         }
+        w.owner_polls = polls;
     }
 }
 
