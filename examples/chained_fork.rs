@@ -6,8 +6,8 @@
 //!
 //! Run: `cargo run --release --example chained_fork`
 //! Flags: `--n N` links per op (default 10,000), `--iters K` timed ops (default 200),
-//! `--carriers C` (default: the runtime's, one per usable CPU). Ctrl-C or SIGTERM stops it with
-//! the ops timed so far.
+//! `--carriers C` (default: the runtime's, one per usable CPU).
+//! Ctrl-C or SIGTERM stops it after the op under way, with the ops timed so far.
 
 use std::time::Instant;
 use virtual_threads as vt;
@@ -37,28 +37,22 @@ fn chained_fork(n: usize) -> usize {
 }
 
 fn main() {
-    let (n, iters, carriers) = parse_args().unwrap_or_else(|e| fail(&e));
-    let rt = bench::setup(carriers).unwrap_or_else(|e| fail(&e));
-    let warm_up = (iters / 10).max(2);
-    let carriers = rt.carriers();
-    println!("chained_fork: {n} links per op, {carriers} carriers, {iters} ops ({warm_up} warm-up)");
-    let mut secs = bench::run(&rt, warm_up, iters, || {
+    let (n, iters, carriers) = parse_args().unwrap_or_else(|e| bench::fail("chained_fork", &e));
+    let rt = bench::runtime("chained_fork", carriers);
+    let run = bench::run(&rt, iters, 2, || {
         let start = Instant::now();
         let last = chained_fork(n);
         let secs = start.elapsed().as_secs_f64();
         if last != n {
-            fail(&format!("the chain ended at link {last}, expected {n}"));
+            bench::fail("chained_fork", &format!("the chain ended at link {last}, expected {n}"));
         }
-        secs
+        secs * 1e9 / n as f64
     });
-    let done = secs.len();
-    let Some((median, fastest, slowest)) = bench::spread(&mut secs) else {
-        bench::nothing_timed("chained_fork")
-    };
-    bench::say_if_stopped(done, iters);
-    let per = |s: f64| s * 1e9 / n as f64;
-    let (median, fastest, slowest) = (per(median), per(fastest), per(slowest));
-    println!("  per link {median:>8.1} ns  median (min {fastest:.1}, max {slowest:.1})");
+    let carriers = rt.carriers();
+    println!("chained_fork: {n} links per op, {carriers} carriers, {iters} ops ({} warm-up)", run.warm_up);
+    run.say_if_stopped("chained_fork");
+    let per = bench::spread(run.ops);
+    println!("  per link {:>8.1} ns  median (min {:.1}, max {:.1})", per.median, per.min, per.max);
 }
 
 /// The flags; `--help` lists them.
@@ -73,10 +67,4 @@ fn parse_args() -> Result<(usize, usize, Option<usize>), String> {
         ],
     );
     Ok((a.positive("--n").unwrap(), a.positive("--iters").unwrap(), a.get("--carriers")))
-}
-
-/// Reports an error on stderr and exits with status 1.
-fn fail(message: &str) -> ! {
-    eprintln!("chained_fork: {message}");
-    std::process::exit(1)
 }

@@ -50,7 +50,7 @@ fn main() {
     let addr: String = a.value("--addr");
     let (conns, msgs) = (a.positive("--conns").unwrap(), a.positive("--msgs").unwrap());
     let size = a.positive("--size").unwrap();
-    let rt = bench::setup(a.get("--carriers")).unwrap_or_else(|e| fail(&e));
+    let rt = bench::runtime("echo_client", a.get("--carriers"));
     let start = Instant::now();
     let mut rtts: Vec<Duration> = rt.block_on(|| {
         let fibers: Vec<_> = (0..conns)

@@ -7,8 +7,8 @@
 //!
 //! Run: `cargo run --release --example ping_pong`
 //! Flags: `--rounds R` round trips per op (default 10,000), `--iters K` timed ops (default 50),
-//! `--carriers C` (default: the runtime's, one per usable CPU). Ctrl-C or SIGTERM stops it with
-//! the ops timed so far.
+//! `--carriers C` (default: the runtime's, one per usable CPU).
+//! Ctrl-C or SIGTERM stops it after the op under way, with the ops timed so far.
 
 use std::time::Instant;
 use virtual_threads as vt;
@@ -41,24 +41,21 @@ fn ping_pong(rounds: u64) {
 }
 
 fn main() {
-    let (rounds, iters, carriers) = parse_args().unwrap_or_else(|e| fail(&e));
-    let rt = bench::setup(carriers).unwrap_or_else(|e| fail(&e));
-    let warm_up = (iters / 10).max(3);
-    let carriers = rt.carriers();
-    println!("ping_pong: {rounds} round trips per op, {carriers} carriers, {iters} ops ({warm_up} warm-up)");
-    let mut secs = bench::run(&rt, warm_up, iters, || {
+    let (rounds, iters, carriers) = parse_args().unwrap_or_else(|e| bench::fail("ping_pong", &e));
+    let rt = bench::runtime("ping_pong", carriers);
+    let run = bench::run(&rt, iters, 3, || {
         let start = Instant::now();
         ping_pong(rounds);
-        start.elapsed().as_secs_f64()
+        start.elapsed().as_secs_f64() * 1e9 / rounds as f64
     });
-    let done = secs.len();
-    let Some((median, fastest, slowest)) = bench::spread(&mut secs) else {
-        bench::nothing_timed("ping_pong")
-    };
-    bench::say_if_stopped(done, iters);
-    let per = |s: f64| s * 1e9 / rounds as f64;
-    let (median, fastest, slowest) = (per(median), per(fastest), per(slowest));
-    println!("  per round trip {median:>8.1} ns  median (min {fastest:.1}, max {slowest:.1})");
+    let carriers = rt.carriers();
+    println!(
+        "ping_pong: {rounds} round trips per op, {carriers} carriers, {iters} ops ({} warm-up)",
+        run.warm_up
+    );
+    run.say_if_stopped("ping_pong");
+    let per = bench::spread(run.ops);
+    println!("  per round trip {:>8.1} ns  median (min {:.1}, max {:.1})", per.median, per.min, per.max);
 }
 
 /// The flags; `--help` lists them.
@@ -73,10 +70,4 @@ fn parse_args() -> Result<(u64, usize, Option<usize>), String> {
         ],
     );
     Ok((a.positive("--rounds").unwrap() as u64, a.positive("--iters").unwrap(), a.get("--carriers")))
-}
-
-/// Reports an error on stderr and exits with status 1.
-fn fail(message: &str) -> ! {
-    eprintln!("ping_pong: {message}");
-    std::process::exit(1)
 }

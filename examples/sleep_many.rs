@@ -5,8 +5,8 @@
 //!
 //! Run: `cargo run --release --example sleep_many`
 //! Flags: `--fibers N` (default 10,000), `--iters K` timed ops (default 30), `--carriers C`
-//! (default: the runtime's, one per usable CPU). Ctrl-C or SIGTERM stops it with the ops timed so
-//! far.
+//! (default: the runtime's, one per usable CPU).
+//! Ctrl-C or SIGTERM stops it after the op under way, with the ops timed so far.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -45,26 +45,25 @@ fn sleep_many(fibers: usize) -> (Duration, Duration) {
 }
 
 fn main() {
-    let (fibers, iters, carriers) = parse_args().unwrap_or_else(|e| fail(&e));
-    let rt = bench::setup(carriers).unwrap_or_else(|e| fail(&e));
-    let warm_up = (iters / 10).max(2);
-    let carriers = rt.carriers();
-    println!(
-        "sleep_many: {fibers} fibers sleep 10 ms per op, {carriers} carriers, {iters} ops ({warm_up} warm-up)"
-    );
-    let ops = bench::run(&rt, warm_up, iters, || {
+    let (fibers, iters, carriers) = parse_args().unwrap_or_else(|e| bench::fail("sleep_many", &e));
+    let rt = bench::runtime("sleep_many", carriers);
+    let run = bench::run(&rt, iters, 2, || {
         let (wall, armed) = sleep_many(fibers);
         (wall.as_secs_f64() * 1e3 - 10.0, armed.as_secs_f64() * 1e3)
     });
-    let (mut over, mut armed): (Vec<f64>, Vec<f64>) = ops.into_iter().unzip();
-    let done = over.len();
-    let Some((median, fastest, slowest)) = bench::spread(&mut over) else {
-        bench::nothing_timed("sleep_many")
-    };
-    bench::say_if_stopped(done, iters);
-    println!("  over the ideal {median:>+7.2} ms  median (min {fastest:+.2}, max {slowest:+.2})");
-    let armed = bench::spread(&mut armed).expect("as many as the ops").0;
-    println!("  last sleep began {armed:>6.2} ms  into the op (median)");
+    let carriers = rt.carriers();
+    println!(
+        "sleep_many: {fibers} fibers sleep 10 ms per op, {carriers} carriers, {iters} ops ({} warm-up)",
+        run.warm_up
+    );
+    run.say_if_stopped("sleep_many");
+    let over = bench::spread(run.ops.iter().map(|o| o.0).collect());
+    let armed = bench::spread(run.ops.iter().map(|o| o.1).collect());
+    println!(
+        "  over the ideal {:>+7.2} ms  median (min {:+.2}, max {:+.2})",
+        over.median, over.min, over.max
+    );
+    println!("  last sleep began {:>6.2} ms  into the op (median)", armed.median);
 }
 
 /// The flags; `--help` lists them.
@@ -79,10 +78,4 @@ fn parse_args() -> Result<(usize, usize, Option<usize>), String> {
         ],
     );
     Ok((a.positive("--fibers").unwrap(), a.positive("--iters").unwrap(), a.get("--carriers")))
-}
-
-/// Reports an error on stderr and exits with status 1.
-fn fail(message: &str) -> ! {
-    eprintln!("sleep_many: {message}");
-    std::process::exit(1)
 }

@@ -37,7 +37,7 @@ fn main() {
         builder = builder.carriers(c);
     }
     let rt = builder.build().unwrap_or_else(|e| fail(&format!("cannot build the runtime: {e}")));
-    bench::stop_on_signals().unwrap_or_else(|e| fail(&e));
+    bench::stop_on_signals("soak");
     let echo = opts.net.then(|| rt.block_on(start_echo_server));
 
     // One wave before the clock starts: pools and allocator caches reach their working size.

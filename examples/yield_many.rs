@@ -6,8 +6,8 @@
 //!
 //! Run: `cargo run --release --example yield_many`
 //! Flags: `--fibers T` (default 1,000), `--yields Y` per fiber (default 1,000), `--iters K`
-//! timed ops (default 20), `--carriers C` (default: the runtime's, one per usable CPU). Ctrl-C or
-//! SIGTERM stops it with the ops timed so far.
+//! timed ops (default 20), `--carriers C` (default: the runtime's, one per usable CPU).
+//! Ctrl-C or SIGTERM stops it after the op under way, with the ops timed so far.
 
 use std::time::Instant;
 use virtual_threads as vt;
@@ -36,26 +36,21 @@ fn yield_many(fibers: usize, yields: usize) {
 }
 
 fn main() {
-    let (fibers, yields, iters, carriers) = parse_args().unwrap_or_else(|e| fail(&e));
-    let rt = bench::setup(carriers).unwrap_or_else(|e| fail(&e));
-    let warm_up = (iters / 10).max(2);
-    let carriers = rt.carriers();
-    println!(
-        "yield_many: {fibers} fibers x {yields} yields per op, {carriers} carriers, {iters} ops ({warm_up} warm-up)"
-    );
-    let mut secs = bench::run(&rt, warm_up, iters, || {
+    let (fibers, yields, iters, carriers) = parse_args().unwrap_or_else(|e| bench::fail("yield_many", &e));
+    let rt = bench::runtime("yield_many", carriers);
+    let run = bench::run(&rt, iters, 2, || {
         let start = Instant::now();
         yield_many(fibers, yields);
-        start.elapsed().as_secs_f64()
+        start.elapsed().as_secs_f64() * 1e9 / (fibers * yields) as f64
     });
-    let done = secs.len();
-    let Some((median, fastest, slowest)) = bench::spread(&mut secs) else {
-        bench::nothing_timed("yield_many")
-    };
-    bench::say_if_stopped(done, iters);
-    let per = |s: f64| s * 1e9 / (fibers * yields) as f64;
-    let (median, fastest, slowest) = (per(median), per(fastest), per(slowest));
-    println!("  per yield {median:>8.1} ns  median (min {fastest:.1}, max {slowest:.1})");
+    let carriers = rt.carriers();
+    println!(
+        "yield_many: {fibers} fibers x {yields} yields per op, {carriers} carriers, {iters} ops ({} warm-up)",
+        run.warm_up
+    );
+    run.say_if_stopped("yield_many");
+    let per = bench::spread(run.ops);
+    println!("  per yield {:>8.1} ns  median (min {:.1}, max {:.1})", per.median, per.min, per.max);
 }
 
 /// The flags; `--help` lists them.
@@ -76,10 +71,4 @@ fn parse_args() -> Result<(usize, usize, usize, Option<usize>), String> {
         a.positive("--iters").unwrap(),
         a.get("--carriers"),
     ))
-}
-
-/// Reports an error on stderr and exits with status 1.
-fn fail(message: &str) -> ! {
-    eprintln!("yield_many: {message}");
-    std::process::exit(1)
 }

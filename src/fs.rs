@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 
 pub use std::fs::{DirEntry, FileType, Metadata, OpenOptions, Permissions, ReadDir};
 
-use crate::blocking;
+use crate::blocking::blocking;
 
 /// An open file whose every operation is a blocking section. Dereferences to nothing: use the
 /// `Read`/`Write`/`Seek` impls, or [`File::std`] for the rest of `std::fs::File`.

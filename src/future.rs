@@ -24,10 +24,10 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::task::{Context, Poll, RawWaker, RawWakerVTable, Waker};
 use std::thread;
 
-use crate::JoinHandle;
-use crate::diagnostics::WaitReason;
 use crate::fiber::handle::Fiber;
+use crate::fiber::join::JoinHandle;
 use crate::fiber::park::park_for;
+use crate::fiber::wait::WaitReason;
 
 /// Runs `fut` to completion on the calling fiber and returns its output.
 ///
@@ -61,9 +61,9 @@ pub fn block_on<F: Future>(fut: F) -> F::Output {
     // The future lives on this fiber's stack, and whatever it registered with (a tokio
     // timer, an intrusive wait list) may write into it while the fiber is parked: the stack
     // must stay where it is (`arch/compaction.md`).
-    crate::no_compaction(|| {
+    crate::fiber::compact::no_compaction(|| {
         let mut fut = pin!(fut);
-        let waker = fiber_waker(crate::current());
+        let waker = fiber_waker(crate::fiber::handle::current());
         let mut cx = Context::from_waker(&waker);
         loop {
             if let Poll::Ready(out) = fut.as_mut().poll(&mut cx) {
@@ -196,7 +196,12 @@ impl<T: Send + 'static> Future for JoinFuture<T> {
                 let joiner = move || deliver.put(h.join());
                 // SAFETY: the closure and its result are 'static: nothing borrowed can dangle.
                 let spawned = unsafe {
-                    crate::Builder::new().spawn_unchecked_at(&rt, joiner, Location::caller(), None)
+                    crate::runtime::spawn::Builder::new().spawn_unchecked_at(
+                        &rt,
+                        joiner,
+                        Location::caller(),
+                        None,
+                    )
                 };
                 match spawned {
                     // Detached: it hands its result over through the slot.

@@ -78,12 +78,10 @@
 
 mod blocking;
 pub mod channel;
-mod diagnostics;
 mod fiber;
 pub mod fs;
 pub mod future;
 mod loom;
-mod metrics;
 pub mod net;
 mod platform;
 mod pool;
@@ -92,10 +90,8 @@ mod scheduler;
 mod scope;
 pub mod signal;
 pub mod sync;
-mod time;
 
 pub use blocking::blocking;
-pub use diagnostics::{FiberDump, FiberGroup, FiberInfo, FiberState, WaitReason};
 pub use fiber::compact::no_compaction;
 pub use fiber::handle::{Fiber, current};
 pub use fiber::id::FiberId;
@@ -104,8 +100,10 @@ pub use fiber::local::LocalKey;
 pub use fiber::park::{park, park_timeout, yield_now};
 pub use fiber::sleep::{sleep, sleep_until};
 pub use fiber::stack::{DEFAULT_STACK_SIZE, MAX_STACK_SIZE, MIN_STACK_SIZE};
-pub use metrics::{BlockingLocation, CarrierMetrics, Metrics};
+pub use fiber::wait::WaitReason;
 pub use pool::{PoolScope, ThreadPool, ThreadPoolBuilder};
+pub use runtime::metrics::{BlockingLocation, CarrierMetrics, Metrics};
 pub use runtime::spawn::{Builder, spawn};
 pub use runtime::{Handle, Runtime};
+pub use scheduler::diagnostics::{FiberDump, FiberGroup, FiberInfo, FiberState};
 pub use scope::{Scope, ScopedJoinHandle, join, pinned, scope};

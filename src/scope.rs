@@ -11,13 +11,14 @@ use std::panic::{AssertUnwindSafe, Location, catch_unwind, resume_unwind};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
-use crate::diagnostics::WaitReason;
+use crate::fiber::NO_HOME;
 use crate::fiber::compact::Lent;
 use crate::fiber::context;
+use crate::fiber::handle::{Fiber, current};
+use crate::fiber::join::JoinHandle;
 use crate::fiber::park::{WaitOnUnwind, finished};
-use crate::fiber::{JoinHandle, NO_HOME};
+use crate::fiber::wait::WaitReason;
 use crate::runtime::spawn::Builder;
-use crate::{Fiber, current};
 
 pub(crate) use crate::fiber::scope_data::{FirstPanic, ScopeData};
 

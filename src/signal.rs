@@ -18,9 +18,9 @@ use std::fmt;
 use std::io;
 use std::sync::{Mutex, PoisonError};
 
-use crate::diagnostics::WaitReason;
 use crate::fiber::handle::Fiber;
 use crate::fiber::park::park_for;
+use crate::fiber::wait::WaitReason;
 use crate::platform::signal as sys;
 
 /// A signal [`wait_for`] can wait for.
@@ -126,7 +126,7 @@ impl Signals {
     /// }
     /// ```
     pub fn wait(&mut self) -> Signal {
-        let me = crate::current();
+        let me = crate::fiber::handle::current();
         let arrived = loop {
             state().waiters.push(me.clone());
             let counts = self.signals.iter().map(|s| sys::delivered(s.0));

@@ -544,3 +544,47 @@ fn big_messages_need_the_advised_stack() {
         assert_eq!(h.join().unwrap(), 2 + 4 + 6 + 4);
     });
 }
+
+/// `after` and `tick` count a due firing as a buffered message, as crossbeam's timers do:
+/// `len` 1, not empty, full (their capacity is 1), until it is received.
+#[test]
+fn a_due_timer_firing_counts_as_buffered() {
+    let body = || {
+        let due = channel::after(Duration::ZERO);
+        assert_eq!(due.capacity(), Some(1));
+        assert_eq!((due.len(), due.is_empty(), due.is_full()), (1, false, true));
+        assert!(due.try_recv().is_ok());
+        assert_eq!((due.len(), due.is_empty(), due.is_full()), (0, true, false));
+
+        let later = channel::after(Duration::from_secs(600));
+        assert_eq!((later.len(), later.is_empty(), later.is_full()), (0, true, false));
+
+        let tick = channel::tick(Duration::from_millis(20));
+        assert_eq!((tick.len(), tick.is_empty(), tick.is_full()), (0, true, false));
+        let start = Instant::now();
+        vt::sleep(Duration::from_millis(30));
+        assert!(start.elapsed() >= Duration::from_millis(20));
+        assert_eq!((tick.len(), tick.is_empty(), tick.is_full()), (1, false, true));
+        tick.recv().unwrap();
+        // The next firing is a period after the one just taken.
+        assert_eq!(tick.len(), 0);
+    };
+    rt().block_on(body);
+    body();
+}
+
+/// Every `never()` receiver is the same channel (nothing can tell two apart); other
+/// channels are the same only as clones of one handle.
+#[test]
+fn same_channel_for_never_timers_and_clones() {
+    let n1 = channel::never::<u8>();
+    assert!(n1.same_channel(&channel::never()));
+    assert!(n1.same_channel(&n1.clone()));
+    let (_tx, rx) = channel::bounded::<u8>(0);
+    assert!(!n1.same_channel(&rx) && !rx.same_channel(&n1));
+    let a = channel::after(Duration::ZERO);
+    assert!(a.same_channel(&a.clone()) && !a.same_channel(&channel::after(Duration::ZERO)));
+    let t = channel::tick(Duration::from_secs(1));
+    assert!(t.same_channel(&t.clone()) && !t.same_channel(&channel::tick(Duration::from_secs(1))));
+    assert!(!a.same_channel(&t));
+}

@@ -79,7 +79,7 @@ fn fork_join_times_os_threads_too_and_prints_the_ratio() {
     let text = String::from_utf8(out.stdout).unwrap();
     assert!(out.status.success(), "fork_join: {:?} {}", out.status, String::from_utf8_lossy(&out.stderr));
     for line in [
-        "alternated with 3 ops on OS threads",
+        "200 fibers per op, 1 carriers, 6 ops (3 warm-up), 3 on OS threads between them",
         "per fiber",
         "OS threads",
         "per thread",

@@ -1,10 +1,13 @@
 //! The floor plan holds: no file of `src/` uses a layer above its own (`arch/layers.txt`, drawn in
 //! `arch/layers.md`), and every file is in a layer. A new upward import fails here, in CI.
 //!
-//! The rules, in std-only Rust: a file's `crate::` paths
-//! (in `use` trees and inline) are resolved to the file of their longest module prefix, through
-//! `lib.rs`'s `pub use` re-exports for `crate::Item`; comments and `#[cfg(test)]` modules are
-//! left out (unit tests may use any layer); the most specific entry of `layers.txt` wins.
+//! The rules, in std-only Rust: a file's `crate::`, `super::` and `self::` paths (in `use` trees
+//! and inline) are resolved to the file of their longest module prefix; comments and
+//! `#[cfg(test)]` modules are left out (unit tests may use any layer); the most specific entry
+//! of `layers.txt` wins. Two more rules keep the plan readable: the crate's own code names an
+//! item by the module it lives in, never through `lib.rs`'s re-exports (those are the public
+//! API), and no two top-level modules of `src/` reach each other through their imports, which a
+//! layer shared by several modules would hide.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
@@ -25,30 +28,47 @@ fn no_file_uses_a_layer_above_its_own() {
     );
 }
 
-/// The checker itself catches what it must: an upward `use`, an inline path, a path through a
-/// root re-export, an unlisted file; and leaves alone comments, unit tests and downward uses.
+/// The checker itself catches what it must: an upward `use`, an inline path, a `super::` path, a
+/// path through a root re-export, an unlisted file, a cycle between two modules of one layer;
+/// and leaves alone comments, unit tests, downward uses, `self::` and a macro's `$crate::`.
 #[test]
 fn the_check_finds_upward_references() {
     let files: BTreeMap<String, String> = [
-        ("lib.rs", "mod low;\nmod high;\npub use high::api::Thing;\n"),
+        ("lib.rs", "mod low;\nmod high;\npub use high::api::Thing;\npub use low::ok::Ok;\n"),
         ("low/mod.rs", "use crate::high::api::{self, Thing};\n// crate::high::api in a comment\n"),
         ("low/inline.rs", "fn f() { crate::high::api::go(); }\n"),
         ("low/reexport.rs", "fn f() -> crate::Thing { todo!() }\n"),
         ("low/ok.rs", "#[cfg(test)]\nmod tests {\n    use crate::high::api;\n}\nuse crate::low::inline;\n"),
-        ("high/api.rs", "use crate::low::ok;\n"),
+        ("low/own.rs", "use self::inner::X;\nuse super::ok;\nmacro_rules! m { () => { $crate::Ok } }\n"),
+        ("high/api.rs", "use crate::low::ok::Ok;\nuse super::super::low::inline;\nuse super::up;\n"),
+        ("high/up.rs", "use super::api;\n"),
+        ("high/back.rs", "use super::super::Ok;\n"),
+        ("side/a.rs", "use crate::side2::b;\n"),
+        ("side2/b.rs", "use crate::side::a;\n"),
         ("stray.rs", ""),
     ]
     .into_iter()
     .map(|(f, t)| (f.to_string(), t.to_string()))
     .collect();
-    let problems = check(&files, "# bottom\nlow\nhigh  # top\nlib.rs\n");
-    let upward: Vec<_> = problems.iter().filter(|p| p.contains(" uses ")).collect();
-    assert_eq!(upward.len(), 3, "{problems:#?}");
-    for f in ["low/mod.rs", "low/inline.rs", "low/reexport.rs"] {
+    let layers = "# bottom\nlow\nhigh/api.rs side side2\nhigh  # top\nlib.rs\n";
+    let problems = check(&files, layers);
+    let upward: Vec<_> = problems.iter().filter(|p| p.contains(" (layer ")).collect();
+    assert_eq!(upward.len(), 4, "{problems:#?}");
+    for f in ["low/mod.rs", "low/inline.rs", "low/reexport.rs", "high/api.rs"] {
         assert!(upward.iter().any(|p| p.starts_with(&format!("src/{f} "))), "{f} missed: {problems:#?}");
     }
+    let reexports: Vec<_> = problems.iter().filter(|p| p.contains("a re-export of lib.rs")).collect();
+    assert_eq!(reexports.len(), 2, "{problems:#?}");
+    assert!(reexports.iter().any(|p| p.contains("write crate::high::api::Thing")), "{problems:#?}");
+    assert!(reexports.iter().any(|p| p.starts_with("src/high/back.rs ")), "{problems:#?}");
+    // side and side2 share a layer, so only the cycle check sees them; an upward reference
+    // between two modules is a cycle too.
+    for ring in ["high <-> low", "side <-> side2"] {
+        let line = format!("cycle among top-level modules: {ring}\n");
+        assert!(problems.iter().any(|p| p.starts_with(&line)), "{ring} missed: {problems:#?}");
+    }
     assert!(problems.iter().any(|p| p == "src/stray.rs: not in arch/layers.txt"), "{problems:#?}");
-    assert_eq!(problems.len(), 4, "{problems:#?}");
+    assert_eq!(problems.len(), 9, "{problems:#?}");
 }
 
 /// Every `.rs` file under `dir`, by its path relative to `src`.
@@ -106,26 +126,35 @@ fn check(files: &BTreeMap<String, String>, layers_txt: &str) -> Vec<String> {
         }
     }
 
+    // Top-level module -> top-level module -> the first reference seen, for the cycle check.
+    let mut edges: BTreeMap<String, BTreeMap<String, String>> = BTreeMap::new();
     for (f, text) in files {
         let Some(&(own, _)) = layer_of.get(f.as_str()) else {
             problems.push(format!("src/{f}: not in arch/layers.txt"));
             continue;
         };
-        let text = strip(text);
-        let mut paths = Vec::new();
-        for tree in statements(&text, "use crate::") {
-            paths.extend(expand(&tree));
-        }
-        paths.extend(inline_paths(&without_crate_uses(&text)));
+        let here = module_of(f);
         let mut seen = BTreeSet::new();
-        for p in paths {
-            let segs = segments(&p);
+        for p in paths_in(&strip(text)) {
+            let segs = absolute(&here, &p);
             if segs.is_empty() {
                 continue;
             }
             let mut target = module_file(files, &segs);
-            if target.is_none() {
-                if let Some(prefix) = reexport.get(&segs[0]) {
+            if let Some(prefix) = reexport.get(&segs[0]) {
+                // `crate::X` where X is no module (or the bare name of one that is also an
+                // item, as `crate::blocking`): the item's own path says where it lives.
+                if f != "lib.rs" && (segs.len() == 1 || module_file(files, &segs[..1]).is_none()) {
+                    let item = [prefix.as_slice(), &segs[..1]].concat().join("::");
+                    let line = format!(
+                        "src/{f} uses crate::{}, a re-export of lib.rs: write crate::{item}",
+                        segs.join("::")
+                    );
+                    if !problems.contains(&line) {
+                        problems.push(line);
+                    }
+                }
+                if target.is_none() {
                     let mut full = prefix.clone();
                     full.extend_from_slice(&segs[1..]);
                     target = module_file(files, &full).or_else(|| module_file(files, prefix));
@@ -133,13 +162,114 @@ fn check(files: &BTreeMap<String, String>, layers_txt: &str) -> Vec<String> {
             }
             let Some(target) = target else { continue };
             let Some(&(theirs, _)) = layer_of.get(target.as_str()) else { continue };
+            let (from, to) = (top(f), top(&target));
+            if from != to && from != "lib" && to != "lib" {
+                edges.entry(from).or_default().entry(to).or_insert_with(|| format!("src/{f} uses {p}"));
+            }
             if target != *f && theirs > own && seen.insert(target.clone()) {
-                problems
-                    .push(format!("src/{f} (layer {own}) uses crate::{p} in src/{target} (layer {theirs})"));
+                problems.push(format!(
+                    "src/{f} (layer {own}) uses crate::{} in src/{target} (layer {theirs})",
+                    segs.join("::")
+                ));
             }
         }
     }
+    problems.extend(cycles(&edges));
     problems
+}
+
+/// Import cycles among the top-level modules (which a layer order hides when several modules
+/// share a layer): one line per strongly connected set of two or more, with the arrows inside it.
+fn cycles(edges: &BTreeMap<String, BTreeMap<String, String>>) -> Vec<String> {
+    let nodes: BTreeSet<&String> = edges.keys().chain(edges.values().flat_map(|d| d.keys())).collect();
+    let reach = |from: &String| {
+        let (mut seen, mut stack) = (BTreeSet::new(), vec![from]);
+        while let Some(n) = stack.pop() {
+            for m in edges.get(n).into_iter().flat_map(|d| d.keys()) {
+                if seen.insert(m) {
+                    stack.push(m);
+                }
+            }
+        }
+        seen
+    };
+    let reaches: BTreeMap<&String, BTreeSet<&String>> = nodes.iter().map(|&n| (n, reach(n))).collect();
+    let mut out = Vec::new();
+    let mut done = BTreeSet::new();
+    for &a in &nodes {
+        if done.contains(a) {
+            continue;
+        }
+        let ring: Vec<&String> =
+            nodes.iter().copied().filter(|&b| reaches[a].contains(b) && reaches[b].contains(a)).collect();
+        done.extend(ring.iter().copied());
+        if ring.len() < 2 {
+            continue;
+        }
+        let names: Vec<&str> = ring.iter().map(|s| s.as_str()).collect();
+        let mut line = format!("cycle among top-level modules: {}", names.join(" <-> "));
+        for &x in &ring {
+            for (y, why) in edges.get(x).into_iter().flatten() {
+                if ring.contains(&y) {
+                    line.push_str(&format!("\n  {x} -> {y}: {why}"));
+                }
+            }
+        }
+        out.push(line);
+    }
+    out
+}
+
+/// The module path of a file: `net/tcp.rs` -> [net, tcp], `net/mod.rs` -> [net], `lib.rs` -> [].
+fn module_of(file: &str) -> Vec<String> {
+    let mut segs: Vec<String> = file.trim_end_matches(".rs").split('/').map(String::from).collect();
+    if segs.last().is_some_and(|l| l == "mod" || l == "lib") {
+        segs.pop();
+    }
+    segs
+}
+
+/// The top-level module a file belongs to: `net/tcp.rs` -> net, `time.rs` -> time.
+fn top(file: &str) -> String {
+    file.split('/').next().unwrap().trim_end_matches(".rs").to_string()
+}
+
+/// Every `crate::`, `super::` and `self::` path of a (stripped) file: in `use` trees and inline.
+fn paths_in(text: &str) -> Vec<String> {
+    let mut paths = Vec::new();
+    for lead in ["crate", "super", "self"] {
+        for tree in statements(text, &format!("use {lead}::")) {
+            paths.extend(expand(&tree).into_iter().map(|p| format!("{lead}::{p}")));
+        }
+    }
+    let rest = without_uses(text);
+    for lead in ["crate", "super", "self"] {
+        paths.extend(inline_paths(&rest, lead).into_iter().map(|p| format!("{lead}::{p}")));
+    }
+    paths
+}
+
+/// A path's segments from the crate root: `super::x` in `net/tcp.rs` is [net, x].
+fn absolute(here: &[String], path: &str) -> Vec<String> {
+    let mut segs: Vec<&str> = path.split("::").map(str::trim).filter(|s| !s.is_empty()).collect();
+    let mut base: Vec<String> = Vec::new();
+    if segs.first() == Some(&"crate") {
+        segs.remove(0);
+    } else {
+        base = here.to_vec();
+        while let Some(&s) = segs.first() {
+            match s {
+                "super" => {
+                    base.pop();
+                }
+                "self" => {}
+                _ => break,
+            }
+            segs.remove(0);
+        }
+    }
+    base.extend(segs.into_iter().filter(|s| *s != "self").map(String::from));
+    base
 }
 
 /// The path's segments, without `self` and empty ones.
@@ -210,15 +340,18 @@ fn match_lead(text: &str, i: usize, lead: &str) -> Option<usize> {
     Some(j)
 }
 
-/// The text with its `use crate::...;` statements taken out.
-fn without_crate_uses(text: &str) -> String {
+/// The text with its `use crate::...;`, `use super::...;` and `use self::...;` statements taken
+/// out.
+fn without_uses(text: &str) -> String {
     let mut out = String::new();
     let mut i = 0;
-    while i < text.len() {
-        if let Some(end) = match_lead(text, i, "use crate::") {
-            if let Some(semi) = text[end..].find(';') {
-                i = end + semi + 1;
-                continue;
+    'scan: while i < text.len() {
+        for lead in ["use crate::", "use super::", "use self::"] {
+            if let Some(end) = match_lead(text, i, lead) {
+                if let Some(semi) = text[end..].find(';') {
+                    i = end + semi + 1;
+                    continue 'scan;
+                }
             }
         }
         let c = text[i..].chars().next().unwrap();
@@ -228,14 +361,16 @@ fn without_crate_uses(text: &str) -> String {
     out
 }
 
-/// Every inline `crate::a::b` path (its words and `::`s after `crate::`).
-fn inline_paths(text: &str) -> Vec<String> {
+/// Every inline `LEAD::a::b` path (its words and `::`s after `LEAD::`); a macro's `$crate::`
+/// is the public path, which lib.rs's re-exports exist for, so it is left out.
+fn inline_paths(text: &str, lead: &str) -> Vec<String> {
+    let lead = format!("{lead}::");
     let mut out = Vec::new();
-    for (i, _) in text.match_indices("crate::") {
-        if !at_word_start(text, i) {
+    for (i, _) in text.match_indices(&lead) {
+        if !at_word_start(text, i) || text[..i].ends_with('$') {
             continue;
         }
-        let rest = &text[i + "crate::".len()..];
+        let rest = &text[i + lead.len()..];
         let mut end = 0;
         let mut chars = rest.char_indices().peekable();
         while let Some((k, c)) = chars.next() {

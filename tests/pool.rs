@@ -471,8 +471,11 @@ fn threadpools_idioms_compile_and_mean_what_they_mean() {
     let pool = vt::ThreadPool::with_name("w".into(), 2);
     assert_eq!(named(&pool).as_deref(), Some("w"));
     assert_eq!(pool.max_count(), 2);
-    let debug = format!("{pool:?}");
-    assert!(debug.contains(r#"name: Some("w")"#), "{debug}");
+    // threadpool's text, field for field and in its order (its own test compares it).
+    assert_eq!(
+        format!("{pool:?}"),
+        r#"ThreadPool { name: Some("w"), queued_count: 0, active_count: 0, max_count: 2 }"#
+    );
 
     let pool = vt::ThreadPoolBuilder::new().thread_name("b".into()).num_threads(3).build();
     assert_eq!((named(&pool).as_deref(), pool.max_count()), (Some("b"), 3));
@@ -486,7 +489,29 @@ fn threadpools_idioms_compile_and_mean_what_they_mean() {
     let pool = vt::ThreadPool::default();
     let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
     assert!((1..=cpus).contains(&pool.max_count()), "{} of {cpus}", pool.max_count());
-    assert!(format!("{pool:?}").contains("name: None"));
+    assert_eq!(
+        format!("{pool:?}"),
+        format!(
+            "ThreadPool {{ name: None, queued_count: 0, active_count: 0, max_count: {} }}",
+            pool.max_count()
+        )
+    );
+    // A running job is active, one behind it queued.
+    let pool = vt::ThreadPool::new(1);
+    let (go_tx, go_rx) = vt::channel::bounded::<()>(0);
+    let (started_tx, started_rx) = vt::channel::bounded::<()>(0);
+    pool.execute(move || {
+        started_tx.send(()).unwrap();
+        go_rx.recv().unwrap();
+    });
+    started_rx.recv().unwrap();
+    pool.execute(|| {});
+    assert_eq!(
+        format!("{pool:?}"),
+        "ThreadPool { name: None, queued_count: 1, active_count: 1, max_count: 1 }"
+    );
+    go_tx.send(()).unwrap();
+    pool.join();
     assert_eq!(named(&pool), None);
 }
 

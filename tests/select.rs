@@ -701,3 +701,86 @@ fn cb_dynamic_select_fairness() {
         }
     });
 }
+
+/// An operand may make a temporary anywhere inside it, also in a call's arguments
+/// (`opt.unwrap_or(&never())`: E0716 before), and may be a reference to a reference.
+#[test]
+#[allow(clippy::unnecessary_literal_unwrap)] // the operands' shapes are the point
+fn temporaries_inside_operand_calls_live_through_the_select() {
+    let (s, r) = channel::unbounded::<i32>();
+    let none: Option<&channel::Receiver<i32>> = None;
+    let got = vt::select! {
+        recv(none.unwrap_or(&channel::never())) -> _ => 1,
+        default => 2,
+    };
+    assert_eq!(got, 2);
+    s.send(4).unwrap();
+    let got = vt::select! {
+        recv(Some(&r).unwrap_or(&channel::never())) -> v => v.unwrap(),
+        default => 0,
+    };
+    assert_eq!(got, 4);
+    vt::select! {
+        send(&&&&s, 5) -> res => res.unwrap(),
+        recv(&&&&channel::never::<i32>()) -> _ => unreachable!(),
+    }
+    let got = vt::select! {
+        recv(Some(r).unwrap_or_else(channel::never)) -> v => v.unwrap(),
+        default => 0,
+    };
+    assert_eq!(got, 5);
+}
+
+/// The dynamic `Select` is `Clone`, `Send` and `Sync`, as crossbeam's: fibers select on
+/// their own copies of one set of operations (copied from a shared reference, or made before
+/// and moved in), indices unchanged; each message arrives once.
+#[test]
+fn a_select_is_clone_send_and_sync() {
+    fn assert_send_sync<T: Send + Sync + Clone>(_: &T) {}
+    rt().block_on(|| {
+        const FIBERS: usize = 8;
+        let (s, r) = channel::unbounded::<usize>();
+        let (_idle_tx, idle) = channel::bounded::<usize>(0);
+        let mut sel = channel::Select::new();
+        let op_idle = sel.recv(&idle);
+        let op_r = sel.recv(&r);
+        assert_send_sync(&sel);
+        for i in 0..2 * FIBERS {
+            s.send(i).unwrap();
+        }
+        let (r, idle) = (&r, &idle);
+        let got = vt::scope(|scope| {
+            let shared = &sel;
+            let mut handles = Vec::new();
+            for k in 0..2 * FIBERS {
+                let moved = sel.clone();
+                handles.push(scope.spawn(move || {
+                    let mut mine = if k % 2 == 0 { shared.clone() } else { moved };
+                    let op = mine.select();
+                    assert_ne!(op.index(), op_idle);
+                    assert_eq!(op.index(), op_r);
+                    let _ = idle;
+                    op.recv(r).unwrap()
+                }));
+            }
+            handles.into_iter().map(|h| h.join().unwrap()).collect::<Vec<_>>()
+        });
+        let mut got = got;
+        got.sort_unstable();
+        assert_eq!(got, (0..2 * FIBERS).collect::<Vec<_>>());
+        // The original still selects, biased copies stay biased.
+        s.send(99).unwrap();
+        let op = sel.clone().select();
+        assert_eq!((op.index(), op.recv(r)), (op_r, Ok(99)));
+        let mut biased = channel::Select::new_biased();
+        biased.recv(r);
+        biased.recv(r);
+        s.send(1).unwrap();
+        s.send(2).unwrap();
+        for _ in 0..2 {
+            let op = biased.clone().select();
+            assert_eq!(op.index(), 0);
+            op.recv(r).unwrap();
+        }
+    });
+}

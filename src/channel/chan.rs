@@ -37,8 +37,9 @@ use std::sync::PoisonError;
 use std::time::{Duration, Instant};
 
 use super::error::{RecvTimeoutError, SendTimeoutError, TryRecvError, TrySendError};
+use crate::fiber::wait::WaitReason;
 use crate::sync::loom::{self, Arc, AtomicUsize, Fiber, Ordering, UnsafeCell};
-use crate::sync::wait_list::{self, Entry, Outcome, WaitQueue, WaitReason, Waiter};
+use crate::sync::wait_list::{self, Entry, Outcome, WaitQueue, Waiter};
 
 /// The capacity of an unbounded channel.
 pub(crate) const UNBOUNDED: usize = usize::MAX;
@@ -80,6 +81,8 @@ pub(crate) struct Chan<T> {
     pub(crate) senders: AtomicUsize,
     /// Live `Receiver` handles; the last one to go disconnects the senders.
     pub(crate) receivers: AtomicUsize,
+    /// Made by `never()`: every such channel counts as the same one (`same_channel`).
+    never: bool,
 }
 
 // SAFETY: the fast slot's cells are used one party at a time as the `fast` word allows (each
@@ -106,6 +109,21 @@ struct Synced<T> {
     recv_watchers: Vec<Watcher>,
     /// `after` and `tick` channels: when the next message is due. Nobody sends on them.
     timer: Option<Timer<T>>,
+}
+
+/// A buffer never shrinks below this many messages' room.
+const MIN_ROOM: usize = 64;
+
+/// Gives a draining buffer's memory back, as crossbeam's list of blocks does: once a quarter
+/// of the room is in use, half goes. The gap between growing (at full) and shrinking keeps
+/// the cost amortised O(1) per message, and a channel that hovers at one length reallocates
+/// nothing; a burst into an unbounded channel does not pin its peak for the channel's life.
+#[inline]
+fn give_back_room<T>(buf: &mut VecDeque<T>) {
+    let room = buf.capacity();
+    if room > MIN_ROOM && buf.len() <= room / 4 {
+        buf.shrink_to((buf.len() * 2).max(MIN_ROOM));
+    }
 }
 
 /// A select's waiter and the index of its operation on this channel.
@@ -348,6 +366,11 @@ impl<T> Chan<T> {
         Self::with_timer(cap, None)
     }
 
+    /// The channel behind `never()`: a rendezvous nobody can send on.
+    pub(crate) fn new_never() -> Chan<T> {
+        Chan { never: true, ..Self::new(0) }
+    }
+
     /// A channel that nobody sends on, whose receivers get `timer`'s firings (`after`, `tick`).
     pub(crate) fn new_timer(timer: Timer<T>) -> Chan<T> {
         Self::with_timer(1, Some(timer))
@@ -376,6 +399,7 @@ impl<T> Chan<T> {
             fast_msg: UnsafeCell::new(None),
             senders: AtomicUsize::new(1),
             receivers: AtomicUsize::new(1),
+            never: false,
         }
     }
 
@@ -577,13 +601,20 @@ impl<T> Chan<T> {
         (self.cap != UNBOUNDED).then_some(self.cap)
     }
 
+    /// Buffered messages; a timer channel counts its due firing as one, as crossbeam's do.
     pub(crate) fn len(&self) -> usize {
-        self.lock().buf.len()
+        let synced = self.lock();
+        synced.buf.len() + usize::from(synced.timer.as_ref().is_some_and(Timer::is_due))
     }
 
     /// Whether the buffer is full now; always true for a rendezvous channel.
     pub(crate) fn is_full(&self) -> bool {
-        self.lock().buf.len() >= self.cap
+        self.len() >= self.cap
+    }
+
+    /// Whether this is a [`never`](super::never) channel.
+    pub(crate) fn is_never(&self) -> bool {
+        self.never
     }
 
     // ---- sending -------------------------------------------------------------------------
@@ -718,7 +749,10 @@ impl<T> Chan<T> {
                 match &served {
                     // Invariant 2: the buffer was full; the sender's message takes the room.
                     Some(slot) => synced.buf.push_back(slot.take().expect("granted send slot")),
-                    None => notify(&mut synced.send_watchers, None),
+                    None => {
+                        notify(&mut synced.send_watchers, None);
+                        give_back_room(&mut synced.buf);
+                    }
                 }
                 msg
             }
@@ -993,186 +1027,5 @@ impl<T> fmt::Debug for Chan<T> {
 }
 
 #[cfg(all(test, loom))]
-mod loom_tests {
-    //! A timed wait meets a hand-off (the timer is modelled as already fired): the message is
-    //! delivered exactly once or stays with its sender, never lost, never both.
-    use std::time::Duration;
-
-    use crate::channel::{RecvTimeoutError, bounded};
-
-    const LONG: Duration = Duration::from_secs(60);
-
-    #[test]
-    fn rendezvous_timed_recv_races_timed_send() {
-        ::loom::model(|| {
-            let (tx, rx) = bounded::<u32>(0);
-            let sender = ::loom::thread::spawn(move || tx.send_timeout(7, LONG).is_ok());
-            let got = rx.recv_timeout(LONG);
-            let sent = sender.join().unwrap();
-            assert_eq!(got.is_ok(), sent, "got {got:?}, sent {sent}");
-            assert!(got.is_ok() || got == Err(RecvTimeoutError::Timeout) || !sent);
-        });
-    }
-
-    #[test]
-    fn buffered_timed_recv_races_send() {
-        ::loom::model(|| {
-            let (tx, rx) = bounded::<u32>(1);
-            let sender = ::loom::thread::spawn(move || tx.send(7).unwrap());
-            let got = rx.recv_timeout(LONG);
-            sender.join().unwrap();
-            // Either the timed receive got it, or it is still buffered; never both.
-            let rest: Vec<u32> = rx.try_iter().collect();
-            match got {
-                Ok(v) => assert_eq!((v, rest.len()), (7, 0)),
-                Err(_) => assert_eq!(rest, [7]),
-            }
-        });
-    }
-
-    /// Blocking ping-pong: the second round of each side reuses its first round's slot.
-    #[test]
-    fn ping_pong_reuses_slots() {
-        ::loom::model(|| {
-            let (ping_tx, ping_rx) = bounded::<u32>(1);
-            let (pong_tx, pong_rx) = bounded::<u32>(0);
-            let echo = ::loom::thread::spawn(move || {
-                for _ in 0..2 {
-                    let v = ping_rx.recv().unwrap();
-                    pong_tx.send(v + 1).unwrap();
-                }
-            });
-            for i in 0..2 {
-                ping_tx.send(i).unwrap();
-                assert_eq!(pong_rx.recv(), Ok(i + 1));
-            }
-            echo.join().unwrap();
-        });
-    }
-
-    /// The fast slot: a receiver parked in it meets two senders at once. One claims the slot,
-    /// the other either waits for it to be re-armed or goes to the buffer under the inner
-    /// lock (which must see the armed slot and serve it rather than buffer, invariant 1);
-    /// both messages arrive, once each.
-    #[test]
-    fn fast_recv_races_two_senders() {
-        ::loom::model(|| {
-            let (tx, rx) = bounded::<u32>(1);
-            let tx2 = tx.clone();
-            let s1 = ::loom::thread::spawn(move || tx.send(1).unwrap());
-            let s2 = ::loom::thread::spawn(move || tx2.send(2).unwrap());
-            let mut got = [rx.recv().unwrap(), rx.recv().unwrap()];
-            s1.join().unwrap();
-            s2.join().unwrap();
-            got.sort_unstable();
-            assert_eq!(got, [1, 2]);
-            assert_eq!(rx.try_recv(), Err(crate::channel::TryRecvError::Disconnected));
-        });
-    }
-
-    /// The last sender leaves while the receiver arms or waits in the fast slot: it gets the
-    /// message, then `Err`, and never parks for good.
-    #[test]
-    fn fast_recv_races_disconnect() {
-        ::loom::model(|| {
-            let (tx, rx) = bounded::<u32>(1);
-            let sender = ::loom::thread::spawn(move || {
-                tx.send(7).unwrap();
-                drop(tx);
-            });
-            assert_eq!(rx.recv(), Ok(7));
-            assert!(rx.recv().is_err());
-            sender.join().unwrap();
-        });
-    }
-
-    /// A second receiver (not the fast slot's owner) queues under the inner lock while the
-    /// owner may be parked in the fast slot; one sender sends two messages: each receiver gets
-    /// one, FIFO among the waiting ones is not checked, loss or duplication is.
-    #[test]
-    fn fast_owner_and_queued_receiver_share_two_sends() {
-        ::loom::model(|| {
-            let (tx, rx) = bounded::<u32>(1);
-            let rx2 = rx.clone();
-            let other = ::loom::thread::spawn(move || rx2.recv().unwrap());
-            let sender = ::loom::thread::spawn(move || {
-                tx.send(1).unwrap();
-                tx.send(2).unwrap();
-            });
-            let mine = rx.recv().unwrap();
-            let theirs = other.join().unwrap();
-            sender.join().unwrap();
-            let mut got = [mine, theirs];
-            got.sort_unstable();
-            assert_eq!(got, [1, 2]);
-        });
-    }
-
-    /// A `select!` send arm (tried without registering, then under the inner lock) races a
-    /// timed receive parked in the fast slot: delivered exactly when the select reports it.
-    #[test]
-    fn select_send_races_fast_timed_recv() {
-        ::loom::model(|| {
-            let (tx, rx) = bounded::<u32>(0);
-            let sender = ::loom::thread::spawn(move || {
-                crate::select! {
-                    send(tx, 7) -> r => r.is_ok(),
-                    default(LONG) => false,
-                }
-            });
-            let got = rx.recv_timeout(LONG);
-            let sent = sender.join().unwrap();
-            assert_eq!(got.is_ok(), sent, "got {got:?}, sent {sent}");
-        });
-    }
-
-    /// A `select!` send arm waits as a watcher (its message not made yet) while a blocking
-    /// receiver arrives: the receiver's arrival wakes it, it makes the message and hands it
-    /// over; neither parks for good, the message arrives once.
-    #[test]
-    fn lazy_select_send_meets_blocking_recv() {
-        ::loom::model(|| {
-            let (tx, rx) = bounded::<u32>(0);
-            let (_idle_tx, idle) = bounded::<u32>(0);
-            let sender = ::loom::thread::spawn(move || {
-                crate::select! {
-                    send(tx, 7) -> r => r.is_ok(),
-                    recv(idle) -> _ => false,
-                }
-            });
-            assert_eq!(rx.recv(), Ok(7));
-            assert!(sender.join().unwrap());
-        });
-    }
-
-    /// The dynamic `Select::ready` waits as a watcher for a receive while a sender buffers a
-    /// message: the wake-up is not lost.
-    #[test]
-    fn select_ready_meets_send() {
-        ::loom::model(|| {
-            let (tx, rx) = bounded::<u32>(1);
-            let sender = ::loom::thread::spawn(move || tx.send(7).unwrap());
-            let mut sel = crate::channel::Select::new();
-            sel.recv(&rx);
-            assert_eq!(sel.ready(), 0);
-            sender.join().unwrap();
-            assert_eq!(rx.recv(), Ok(7));
-        });
-    }
-
-    #[test]
-    fn select_timeout_races_send() {
-        ::loom::model(|| {
-            let (tx1, rx1) = bounded::<u32>(0);
-            let (_tx2, rx2) = bounded::<u32>(0);
-            let sender = ::loom::thread::spawn(move || tx1.send_timeout(7, LONG).is_ok());
-            let got = crate::select! {
-                recv(rx1) -> m => m.ok(),
-                recv(rx2) -> m => m.ok(),
-                default(LONG) => None,
-            };
-            let sent = sender.join().unwrap();
-            assert_eq!(got.is_some(), sent);
-        });
-    }
-}
+#[path = "tests/loom_chan.rs"]
+mod loom_tests;

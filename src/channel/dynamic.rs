@@ -59,6 +59,8 @@ trait OpArms<'a> {
     fn ready_arm(&mut self) -> &mut dyn ArmOps;
     /// The received result, after `select_arm` completed (receives only).
     fn take_result(&mut self) -> Option<Erased<'a>>;
+    /// The same operation with fresh arms, for `Select::clone`.
+    fn fresh(&self) -> Box<dyn OpArms<'a> + 'a>;
 }
 
 struct RecvOp<'a, T> {
@@ -83,6 +85,11 @@ impl<'a, T: 'a> OpArms<'a> for RecvOp<'a, T> {
         let result: Box<dyn Any + 'a> = Box::new(self.take.take_result()?);
         Some(Erased(result))
     }
+
+    fn fresh(&self) -> Box<dyn OpArms<'a> + 'a> {
+        let chan = self.take.chan();
+        Box::new(RecvOp { take: RecvArm::on(chan), watch: WatchArm::new(chan, false) })
+    }
 }
 
 impl<'a, T: 'a> OpArms<'a> for SendOp<'a, T> {
@@ -96,6 +103,10 @@ impl<'a, T: 'a> OpArms<'a> for SendOp<'a, T> {
 
     fn take_result(&mut self) -> Option<Erased<'a>> {
         None
+    }
+
+    fn fresh(&self) -> Box<dyn OpArms<'a> + 'a> {
+        Box::new(SendOp { watch: WatchArm::new(self.watch.chan(), true) })
     }
 }
 
@@ -146,13 +157,16 @@ impl<'a> Select<'a> {
     }
 
     /// Adds a send on `s`; returns its index.
-    pub fn send<T>(&mut self, s: &'a Sender<T>) -> usize {
+    ///
+    /// `T: Send` (crossbeam asks nothing of `T`): a `Select` is `Send` and `Sync`, as
+    /// crossbeam's, and the one here moves received messages itself.
+    pub fn send<T: Send>(&mut self, s: &'a Sender<T>) -> usize {
         let chan = s.chan();
         self.push(chan, true, Box::new(SendOp { watch: WatchArm::new(chan, true) }))
     }
 
-    /// Adds a receive on `r`; returns its index.
-    pub fn recv<T>(&mut self, r: &'a Receiver<T>) -> usize {
+    /// Adds a receive on `r`; returns its index. `T: Send`, as for [`Select::send`].
+    pub fn recv<T: Send>(&mut self, r: &'a Receiver<T>) -> usize {
         let chan = r.chan();
         let op = RecvOp { take: RecvArm::on(chan), watch: WatchArm::new(chan, false) };
         self.push(chan, false, Box::new(op))
@@ -237,6 +251,28 @@ impl<'a> Select<'a> {
 
 fn address<T>(chan: &Chan<T>) -> usize {
     std::ptr::from_ref(chan) as usize
+}
+
+// SAFETY: between calls (all that another thread can reach) a `Select`'s arms hold only
+// `&Chan<T>`s, with no message and no registration (`run_select` takes the result out and
+// every run unregisters before returning), and `Select::send`/`recv` admit only `T: Send`,
+// for which `Chan<T>` is `Sync`: sharing or moving the `Select` shares or moves `&Chan<T>`s.
+// `&Select` reaches only `clone` (fresh arms from the same `&Chan<T>`s) and `Debug`.
+unsafe impl Send for Select<'_> {}
+// SAFETY: as above.
+unsafe impl Sync for Select<'_> {}
+
+/// A copy of the set of operations (same indices, biased or not), as crossbeam's: each copy
+/// selects on its own.
+impl Clone for Select<'_> {
+    fn clone(&self) -> Self {
+        let ops = self
+            .ops
+            .iter()
+            .map(|op| op.as_ref().map(|op| Op { chan: op.chan, send: op.send, arms: op.arms.fresh() }))
+            .collect();
+        Select { ops, biased: self.biased }
+    }
 }
 
 impl Default for Select<'_> {

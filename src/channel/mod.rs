@@ -90,7 +90,7 @@ pub fn unbounded<T>() -> (Sender<T>, Receiver<T>) {
 pub fn never<T>() -> Receiver<T> {
     // The channel's sender count starts at one and no `Sender` exists to bring it to zero,
     // so it never disconnects; nothing can send on it.
-    Receiver { chan: Arc::new(Chan::new(0)) }
+    Receiver { chan: Arc::new(Chan::new_never()) }
 }
 
 /// A receiver that gets one message, the instant it was due, after `duration`, and nothing
@@ -219,7 +219,8 @@ impl<T> Receiver<T> {
         TryIter { rx: self }
     }
 
-    /// Messages in the buffer now (racy by design).
+    /// Messages in the buffer now (racy by design); for [`after`] and [`tick`], 1 while a
+    /// firing is due and not yet received.
     pub fn len(&self) -> usize {
         self.chan.len()
     }
@@ -229,19 +230,22 @@ impl<T> Receiver<T> {
         self.chan.len() == 0
     }
 
-    /// Whether the buffer is full now (racy by design); always true for `bounded(0)`.
+    /// Whether the buffer is full now (racy by design); always true for `bounded(0)`, and for
+    /// a timer channel whose firing is due.
     pub fn is_full(&self) -> bool {
         self.chan.is_full()
     }
 
-    /// The capacity; `None` if unbounded.
+    /// The capacity; `None` if unbounded, 1 for [`after`] and [`tick`], 0 for
+    /// [`never`](fn@never).
     pub fn capacity(&self) -> Option<usize> {
         self.chan.capacity()
     }
 
-    /// Whether both handles belong to the same channel.
+    /// Whether both handles belong to the same channel; every [`never`](fn@never) receiver is
+    /// the same channel, as in crossbeam-channel.
     pub fn same_channel(&self, other: &Receiver<T>) -> bool {
-        Arc::ptr_eq(&self.chan, &other.chan)
+        Arc::ptr_eq(&self.chan, &other.chan) || (self.chan.is_never() && other.chan.is_never())
     }
 
     pub(crate) fn chan(&self) -> &Chan<T> {

@@ -33,8 +33,9 @@ use std::time::{Duration, Instant};
 
 use super::chan::{Chan, Slot, SlotWaiter};
 use super::{Receiver, RecvError, SendError, Sender, TryRecvError, TrySendError};
+use crate::fiber::wait::WaitReason;
 use crate::sync::loom::{self, Arc};
-use crate::sync::wait_list::{self, Outcome, WaitReason, Waiter};
+use crate::sync::wait_list::{self, Outcome, Waiter};
 
 /// How long a select may wait: no `default` arm, `default`, or `default(timeout)`.
 #[derive(Clone, Copy, Debug)]
@@ -198,6 +199,10 @@ impl<'a, T> RecvArm<'a, T> {
     pub(crate) fn take_result(&mut self) -> Option<Result<T, RecvError>> {
         self.result.take()
     }
+
+    pub(crate) fn chan(&self) -> &'a Chan<T> {
+        self.chan
+    }
 }
 
 impl<'a, T, F: FnOnce() -> T> SendArm<'a, T, F> {
@@ -235,6 +240,10 @@ impl<'a, T, F: FnOnce() -> T> SendArm<'a, T, F> {
 impl<'a, T> WatchArm<'a, T> {
     pub(crate) fn new(chan: &'a Chan<T>, send: bool) -> Self {
         WatchArm { chan, send, registered: false, wake_at: None }
+    }
+
+    pub(crate) fn chan(&self) -> &'a Chan<T> {
+        self.chan
     }
 }
 

@@ -146,19 +146,23 @@ macro_rules! __vt_select {
     };
 
     // ---- code generation ----
-    (@emit $b:tt [$(($id:ident $kind:ident [$chan:expr] [$($m:expr)?] $p:pat => $body:block))*] $def:tt) => {{
-        // Bound with `let x = &expr;`, so that a temporary operand lives to the end of the
-        // block (temporary lifetime extension); evaluated in order, once.
-        $( let $id = &$chan; )*
-        $( let mut $id = $crate::__vt_select!(@new $kind $id [$($m)?]); )*
-        $crate::channel::select::run(
-            &mut [$($id.arm()),*],
-            $crate::__vt_select!(@deadline $def),
-            $b,
-        );
-        $( let $id = $id.into_result(); )*
-        $crate::__vt_select!(@dispatch [$(($id $p => $body))*] $def)
-    }};
+    (@emit $b:tt [$(($id:ident $kind:ident [$chan:expr] [$($m:expr)?] $p:pat => $body:block))*] $def:tt) => {
+        // The operands are a `match` scrutinee, evaluated in order, once: every temporary in
+        // them lives to the end of the `match`, also one made inside a call's arguments
+        // (`r.unwrap_or(&never())`), which `let x = &expr;` would drop at the `;` (E0716).
+        match ($(&$chan,)*) {
+            ($($id,)*) => {
+                $( let mut $id = $crate::__vt_select!(@new $kind $id [$($m)?]); )*
+                $crate::channel::select::run(
+                    &mut [$($id.arm()),*],
+                    $crate::__vt_select!(@deadline $def),
+                    $b,
+                );
+                $( let $id = $id.into_result(); )*
+                $crate::__vt_select!(@dispatch [$(($id $p => $body))*] $def)
+            }
+        }
+    };
     (@new recv $chan:ident []) => { $crate::channel::select::RecvArm::new($chan) };
     (@new send $chan:ident [$m:expr]) => { $crate::channel::select::SendArm::new($chan, || $m) };
     (@deadline []) => { $crate::channel::select::Deadline::Never };

@@ -249,7 +249,7 @@ mod tests {
         for depth in [0usize, 3, 40] {
             fn nest(n: usize) {
                 if n == 0 {
-                    crate::park();
+                    crate::fiber::park::park();
                 } else {
                     nest(std::hint::black_box(n - 1));
                     std::hint::black_box(n);

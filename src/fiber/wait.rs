@@ -1,7 +1,7 @@
 //! Why a fiber is parked (`WaitReason`, the byte a dump reads from its record) and the count of
 //! plain threads inside a `vt` call (`PlainCall`), which the deadlock report reads. Both are
 //! written where a fiber or thread parks, so they live with parking, below the scheduler; the
-//! reports that read them are `diagnostics.rs` (`arch/diagnostics.md`).
+//! reports that read them are `scheduler/diagnostics.rs` (`arch/diagnostics.md`).
 
 use std::fmt;
 use std::sync::atomic::{AtomicUsize, Ordering};

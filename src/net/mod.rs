@@ -32,9 +32,10 @@
 //! ```
 //!
 //! Layout: `tcp`, `udp` and `unix` hold the public types; every blocking operation runs through
-//! the one loop in `source` (try the call; on `EAGAIN`, park on readiness); `registration` is a
-//! socket's readiness word and wait lists; `reactor` holds one epoll set per carrier; `addr`
-//! resolves names without blocking a carrier on DNS. How readiness reaches a parked fiber, and
+//! the one loop in `source` (try the call; on `EAGAIN`, park on readiness); `addr` resolves names
+//! without blocking a carrier on DNS. Below them, in the scheduler the carriers drive,
+//! `scheduler/reactor/` holds one epoll set per carrier and each socket's registration (its
+//! readiness word and wait lists). How readiness reaches a parked fiber, and
 //! why no wake-up is lost: `arch/io.md`.
 //!
 //! Caveats: sockets are registered with the runtime of the first fiber that waits on them; a
@@ -47,8 +48,6 @@
 mod macros;
 
 mod addr;
-pub(crate) mod reactor;
-mod registration;
 mod source;
 mod tcp;
 mod udp;

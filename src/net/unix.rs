@@ -41,13 +41,14 @@ impl UnixStream {
     /// Connects to the socket at `path`.
     pub fn connect<P: AsRef<Path>>(path: P) -> io::Result<UnixStream> {
         let path = path.as_ref();
-        let s = crate::blocking(|| unet::UnixStream::connect(path)).map_err(explain_fd_error)?;
+        let s = crate::blocking::blocking(|| unet::UnixStream::connect(path)).map_err(explain_fd_error)?;
         Ok(UnixStream { io: fresh(s)? })
     }
 
     /// Connects to the socket at `addr`.
     pub fn connect_addr(addr: &SocketAddr) -> io::Result<UnixStream> {
-        let s = crate::blocking(|| unet::UnixStream::connect_addr(addr)).map_err(explain_fd_error)?;
+        let s =
+            crate::blocking::blocking(|| unet::UnixStream::connect_addr(addr)).map_err(explain_fd_error)?;
         Ok(UnixStream { io: fresh(s)? })
     }
 
@@ -140,7 +141,7 @@ mod tests {
             // The first reader to wait registers the socket; close it as a drop would. A reader
             // that has not parked yet sees CLOSED before parking; the others are woken.
             while !a.io.close_registration() {
-                crate::yield_now();
+                crate::fiber::park::yield_now();
             }
             for r in readers {
                 let e = r.join().unwrap().unwrap_err();

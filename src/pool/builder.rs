@@ -7,8 +7,8 @@ use std::sync::{Arc, Mutex};
 use crossbeam_deque::Injector;
 
 use super::{Shared, Synced, ThreadPool};
-use crate::Handle;
-use crate::scheduler::RuntimeRef;
+use crate::fiber::schedule::RuntimeRef;
+use crate::runtime::Handle;
 
 /// Settings for a [`ThreadPool`], like `threadpool::Builder`.
 #[derive(Debug, Clone, Default)]

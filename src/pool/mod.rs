@@ -33,9 +33,10 @@ use std::sync::{Arc, Mutex, PoisonError};
 use crossbeam_deque::{Injector, Steal};
 
 use crate::fiber::context;
+use crate::fiber::handle::Fiber;
+use crate::fiber::join::JoinHandle;
+use crate::fiber::schedule::RuntimeRef;
 use crate::runtime::spawn::Builder as FiberBuilder;
-use crate::scheduler::RuntimeRef;
-use crate::{Fiber, JoinHandle};
 
 mod builder;
 mod scope;
@@ -218,7 +219,7 @@ impl ThreadPool {
             if s.pending.load(Ordering::Acquire) == 0 {
                 return;
             }
-            synced.joiners.push(crate::current());
+            synced.joiners.push(crate::fiber::handle::current());
             synced.generation
         };
         while s.synced().generation == generation {
@@ -337,7 +338,7 @@ impl Shared {
     /// a scoped job's drop tells its scope, which a runtime's drop may be unwinding and which
     /// waits for its jobs' closures to be gone.
     fn drop_queued_if_stopped(&self) {
-        if self.rt.shutdown.load(Ordering::Acquire) {
+        if self.rt.is_shut_down() {
             while let Some(e) = self.pop() {
                 drop(e);
             }
@@ -400,7 +401,7 @@ impl Shared {
             match self.next_entry() {
                 Some(Entry::Job(job)) => {
                     if in_a_row % YIELD_EVERY == 0 {
-                        crate::yield_now();
+                        crate::fiber::park::yield_now();
                     }
                     in_a_row += 1;
                     self.run(job);
@@ -509,11 +510,11 @@ impl Eq for ThreadPool {}
 impl fmt::Debug for ThreadPool {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ThreadPool")
+            // threadpool's fields, in its order: code and tests compare the text.
             .field("name", &self.shared.fiber_name)
-            .field("max_count", &self.max_count())
-            .field("active_count", &self.active_count())
             .field("queued_count", &self.queued_count())
-            .field("panic_count", &self.panic_count())
+            .field("active_count", &self.active_count())
+            .field("max_count", &self.max_count())
             .finish()
     }
 }

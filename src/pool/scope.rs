@@ -12,8 +12,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use super::{Job, Shared, ThreadPool, cancelling};
-use crate::Fiber;
-use crate::scope::FirstPanic;
+use crate::fiber::handle::Fiber;
+use crate::fiber::scope_data::FirstPanic;
 
 impl ThreadPool {
     /// Runs `f` with a scope whose jobs may borrow from the caller; returns once every job
@@ -48,14 +48,14 @@ impl ThreadPool {
                 remaining: AtomicUsize::new(0),
                 panicked: AtomicBool::new(false),
                 first_panic: FirstPanic::default(),
-                waiter: crate::current(),
+                waiter: crate::fiber::handle::current(),
             }),
             scope: PhantomData,
             env: PhantomData,
         };
         // Unwound (the runtime's drop unwinding this fiber, from `f` or the wait below), the
         // frame still outlives every job that borrows from it, on whichever runtime they run.
-        let _wait = crate::fiber::park::WaitOnUnwind::new(crate::diagnostics::WaitReason::PoolJoin, || {
+        let _wait = crate::fiber::park::WaitOnUnwind::new(crate::fiber::wait::WaitReason::PoolJoin, || {
             scope.pool.shared.drop_queued_if_stopped();
             scope.state.remaining.load(Ordering::Acquire) == 0
         });

@@ -5,7 +5,9 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use super::{Shared, Wake, bump};
+use crate::fiber::schedule::Wake;
+
+use super::{Shared, bump};
 use crate::fiber::compact::{SavedStack, red_zone};
 use crate::fiber::stack::ARENAS;
 use crate::fiber::{FiberRecord, FiberRef, PARKED, STAGE_SAVED};
@@ -249,5 +251,5 @@ fn let_go(rt: &Shared, fiber: FiberRef) {
 
 /// Parks so far, summed over the carriers.
 fn parks(rt: &Shared) -> u64 {
-    rt.slots[..rt.started()].iter().map(|s| s.stats.parks.load(Ordering::Relaxed)).sum()
+    rt.slots.upto(rt.started()).map(|s| s.stats.parks.load(Ordering::Relaxed)).sum()
 }

@@ -162,12 +162,12 @@ impl Schedule for RuntimeRef {
 
     #[inline(always)]
     fn arm_timer(rec: &FiberRecord, deadline: Instant) -> u64 {
-        crate::time::arm_timer(rec, deadline)
+        crate::scheduler::time::arm_timer(rec, deadline)
     }
 
     #[inline(always)]
     fn disarm(rec: &FiberRecord, generation: u64) -> bool {
-        crate::time::disarm(rec, generation)
+        crate::scheduler::time::disarm(rec, generation)
     }
 
     fn cancel_one(&self) -> bool {

@@ -9,7 +9,8 @@ use std::fmt;
 use std::sync::PoisonError;
 
 use super::loom::{self, Arc};
-use super::wait_list::{Outcome, WaitReason, Waiter};
+use super::wait_list::{Outcome, Waiter};
+use crate::fiber::wait::WaitReason;
 
 /// Lets `n` fibers or threads wait until all of them have arrived.
 ///

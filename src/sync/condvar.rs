@@ -14,7 +14,8 @@ use std::time::{Duration, Instant};
 use super::loom::{self, Arc};
 use super::mutex::MutexGuard;
 use super::poison;
-use super::wait_list::{Outcome, WaitQueue, WaitReason, Waiter};
+use super::wait_list::{Outcome, WaitQueue, Waiter};
+use crate::fiber::wait::WaitReason;
 
 /// A condition variable whose waiters park their fiber (or plain thread).
 ///

@@ -13,7 +13,7 @@ pub(crate) use imp::*;
 
 #[cfg(not(loom))]
 mod imp {
-    pub(crate) use crate::{Fiber, current};
+    pub(crate) use crate::fiber::handle::{Fiber, current};
 
     // Parking goes through `wait_list::park`, which records the wait reason for dumps.
 

@@ -12,7 +12,8 @@ use std::mem::MaybeUninit;
 use std::sync::PoisonError;
 
 use super::loom::{self, Arc, AtomicU8, Ordering};
-use super::wait_list::{WaitReason, Waiter};
+use super::wait_list::Waiter;
+use crate::fiber::wait::WaitReason;
 
 const INCOMPLETE: u8 = 0;
 const RUNNING: u8 = 1;

@@ -12,7 +12,8 @@ use std::sync::PoisonError;
 use std::time::{Duration, Instant};
 
 use super::loom::{self, Arc, AtomicUsize, Ordering};
-use super::wait_list::{Outcome, WaitQueue, WaitReason, Waiter};
+use super::wait_list::{Outcome, WaitQueue, Waiter};
+use crate::fiber::wait::WaitReason;
 
 const QUEUED: usize = 1;
 const PERMIT: usize = 2;

@@ -9,7 +9,8 @@ use std::fmt;
 use std::sync::PoisonError;
 
 use super::loom::{self, Arc, AtomicUsize, Ordering};
-use super::wait_list::{WaitReason, Waiter};
+use super::wait_list::Waiter;
+use crate::fiber::wait::WaitReason;
 
 /// Waits until a group of fibers or threads is done.
 ///

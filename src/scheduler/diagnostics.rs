@@ -15,12 +15,12 @@ use std::sync::Mutex;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
+use crate::fiber::schedule::RuntimeRef;
 use crate::fiber::{FiberRef, PARKED, RUNNABLE, RUNNING};
 use crate::platform::signal as sys;
-use crate::scheduler::{RuntimeRef, Shared};
+use crate::scheduler::Shared;
 
-pub use crate::fiber::wait::WaitReason;
-pub(crate) use crate::fiber::wait::{PLAIN_CALLS, PLAIN_IN_VT, WAIT_TIMED};
+use crate::fiber::wait::{PLAIN_IN_VT, WAIT_TIMED, WaitReason};
 
 /// What a fiber was doing when the dump saw it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -69,7 +69,7 @@ impl fmt::Display for FiberState {
 #[non_exhaustive]
 pub struct FiberInfo {
     /// The fiber's id.
-    pub id: crate::FiberId,
+    pub id: crate::fiber::id::FiberId,
     /// Its name, if it was given one.
     pub name: Option<String>,
     /// What it was doing.
@@ -341,7 +341,7 @@ pub(crate) fn check_deadlock(rt: &Shared) -> bool {
         return false;
     }
     let started = rt.started();
-    if rt.slots[..started].iter().any(|s| {
+    if rt.slots.upto(started).any(|s| {
         !s.location.load(Ordering::SeqCst).is_null()
             || s.home_len.load(Ordering::Relaxed) > 0
             || !s.inbox.is_empty()
@@ -427,7 +427,7 @@ pub(crate) fn report_saturation(rt: &Shared) {
     // Where each carrier's fiber was spawned, or entered `vt::blocking`: the carrier's own
     // record of it, kept even with fiber roots off.
     let mut sites: Vec<(&'static Location<'static>, usize)> = Vec::new();
-    for slot in &rt.slots[..rt.started()] {
+    for slot in rt.slots.upto(rt.started()) {
         let loc = slot.location.load(Ordering::Acquire);
         if loc.is_null() {
             continue;

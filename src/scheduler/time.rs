@@ -14,8 +14,9 @@ use std::collections::{BinaryHeap, VecDeque};
 use std::sync::atomic::Ordering;
 use std::time::Instant;
 
+use crate::fiber::schedule::Wake;
 use crate::fiber::{FiberRecord, FiberRef};
-use crate::scheduler::{Shared, Wake};
+use crate::scheduler::Shared;
 
 /// A carrier's pending timers: a lane of deadlines armed in order, and a heap of the rest: a
 /// heap pop sifts through the whole array, in the lane a pop is a load (`arch/performance.md`).
