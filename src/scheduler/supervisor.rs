@@ -22,6 +22,7 @@ use std::time::{Duration, Instant};
 
 use super::Shared;
 use super::compactor::Compactor;
+use super::locations::Known;
 use super::shared::CarrierSlot;
 use crate::fiber::schedule::RuntimeRef;
 use crate::fiber::stack::SizeClass;
@@ -59,14 +60,6 @@ const PRESUMED_SAMPLES: u8 = 2;
 /// ZIO's rule after its false-positive bug: more than 64 runs at a location, and at least half
 /// of them caught blocking, make it known-blocking.
 const KNOWN_MIN_RUNS: u64 = 64;
-
-/// A known-blocking location and what made it so (summed over carriers).
-#[derive(Clone, Debug)]
-pub(crate) struct Known {
-    pub(crate) location: &'static Location<'static>,
-    pub(crate) runs: u64,
-    pub(crate) caught: u64,
-}
 
 #[derive(Default)]
 struct Watch {
