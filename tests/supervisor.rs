@@ -141,6 +141,104 @@ fn a_location_that_keeps_blocking_becomes_known_and_is_compensated_without_delay
     );
 }
 
+/// Every fiber spawned here shares one spawn location, and blocks its carrier for a few
+/// milliseconds: less than a supervisor interval, so its carrier switches at every sample.
+fn spawn_short_sleeper(rt: &vt::Runtime, ms: u64) -> vt::JoinHandle<()> {
+    rt.spawn(move || std::thread::sleep(Duration::from_millis(ms)))
+}
+
+#[test]
+fn short_blocking_calls_are_compensated_and_their_site_is_learnt() {
+    // 600 fibers × 10 ms of OS sleep on 2 carriers take at least 3 s without compensation:
+    // each carrier switches every 10 ms, so none ever stalls for a whole interval, but the
+    // carriers spend their time asleep in the kernel while fibers wait.
+    let rt = vt::Runtime::builder().carriers(2).max_carriers(64).build().unwrap();
+    let t = Instant::now();
+    let hs: Vec<_> = (0..600).map(|_| spawn_short_sleeper(&rt, 10)).collect();
+    hs.into_iter().for_each(|h| h.join().unwrap());
+    let took = t.elapsed();
+    let m = rt.metrics();
+    assert!(took < Duration::from_secs(2), "600 × 10 ms on 2 carriers took {took:?}\n{m}");
+    assert!(m.carriers_peak > 2 && m.carriers_peak <= 64, "{m}");
+    // Learnt: the spawn site above is caught asleep often enough to become known blocking.
+    let t = Instant::now();
+    while !rt.metrics().known_blocking.iter().any(|k| k.location.file().ends_with("supervisor.rs")) {
+        assert!(
+            t.elapsed() < Duration::from_secs(10),
+            "the short blocking site is not known\n{}",
+            rt.metrics()
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    eventually("carriers back to the target", || rt.metrics().carriers_current == 2);
+}
+
+/// `n` plain threads running `jobs` jobs of `block` of OS sleep, taken from a channel.
+fn std_threads_run(n: usize, jobs: usize, block: Duration) -> Duration {
+    let (tx, rx) = mpsc::channel::<()>();
+    (0..jobs).for_each(|_| tx.send(()).unwrap());
+    drop(tx);
+    let rx = Arc::new(std::sync::Mutex::new(rx));
+    let t = Instant::now();
+    let threads: Vec<_> = (0..n)
+        .map(|_| {
+            let rx = rx.clone();
+            std::thread::spawn(move || {
+                while rx.lock().unwrap().recv().is_ok() {
+                    std::thread::sleep(block);
+                }
+            })
+        })
+        .collect();
+    threads.into_iter().for_each(|t| t.join().unwrap());
+    t.elapsed()
+}
+
+#[test]
+fn a_pool_of_short_blocking_jobs_runs_them_about_as_concurrently_as_threads() {
+    // `ThreadPool::new(128)` running 1280 jobs of 10 ms of OS blocking, beside 128 threads:
+    // each worker fiber runs job after job without a switch, so the pool needs ~128 carriers,
+    // and soon. Adding `target` carriers per detection took ~5x the threads' time; growing
+    // geometrically while the evidence lasts takes ~2x.
+    let block = Duration::from_millis(10);
+    let threads = std_threads_run(128, 1280, block);
+    let rt = vt::Runtime::builder().carriers(2).build().unwrap();
+    let took = rt.block_on(move || {
+        let pool = vt::ThreadPool::new(128);
+        let t = Instant::now();
+        for _ in 0..1280 {
+            pool.execute(move || std::thread::sleep(block));
+        }
+        pool.join();
+        t.elapsed()
+    });
+    assert!(
+        took < threads * 7 / 2,
+        "1280 jobs × 10 ms on ThreadPool::new(128) took {took:?}, on 128 threads {threads:?}\n{}",
+        rt.metrics()
+    );
+}
+
+#[test]
+fn carriers_that_run_on_the_cpu_are_not_compensated() {
+    // Fibers that compute (no time asleep in the kernel) switch as often as the sleepers above,
+    // with as much work waiting, but adding carriers would only oversubscribe the CPUs.
+    let rt = vt::Runtime::builder().carriers(2).max_carriers(64).build().unwrap();
+    let hs: Vec<_> = (0..300)
+        .map(|_| {
+            rt.spawn(|| {
+                let t = Instant::now();
+                while t.elapsed() < Duration::from_millis(5) {
+                    std::hint::spin_loop();
+                }
+            })
+        })
+        .collect();
+    hs.into_iter().for_each(|h| h.join().unwrap());
+    let m = rt.metrics();
+    assert!(m.carriers_peak <= 4, "computing carriers were compensated: {m}");
+}
+
 /// `vt::blocking` runs its closure on a helper thread: a hundred blockers at once complete
 /// without any carrier blocking, so none is compensated for.
 #[test]

@@ -184,7 +184,7 @@ pub(crate) struct FiberRecord {
     /// timed park first (`time::disarm`), so a late timer does not wake a later park and the
     /// fiber knows when its deadline passed. Never reset, not even when the record is reused.
     pub(crate) timer_gen: AtomicU64,
-    /// Link of a carrier's inbox (`scheduler/inbox.rs`), where this fiber waits when a thread
+    /// Link of a carrier's inbox (`scheduler/queue/inbox.rs`), where this fiber waits when a thread
     /// other than its home carrier makes it runnable. Meaningful only while it is queued there
     /// (it holds its run reference then, so it is in no other queue).
     pub(crate) inbox_next: crate::loom::AtomicUsize,

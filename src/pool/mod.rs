@@ -338,7 +338,7 @@ impl Shared {
     /// a scoped job's drop tells its scope, which a runtime's drop may be unwinding and which
     /// waits for its jobs' closures to be gone.
     fn drop_queued_if_stopped(&self) {
-        if self.rt.shutdown.load(Ordering::Acquire) {
+        if self.rt.is_shut_down() {
             while let Some(e) = self.pop() {
                 drop(e);
             }

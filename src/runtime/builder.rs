@@ -176,8 +176,8 @@ impl Builder {
     }
 
     /// A fiber that spawns this many fibers in a row yields once, so its children start on
-    /// other carriers (ZIO's fork-yield rule). Default 0: off — measured, a yield every 100
-    /// spawns made W1 20% slower and W2 no faster (`arch/performance.md`).
+    /// other carriers (ZIO's fork-yield rule). Default 0: off, because the spawner's yields
+    /// cost more than the earlier start of its children gains (`arch/performance.md`).
     pub fn fork_yield(mut self, every: u32) -> Builder {
         self.fork_yield = every;
         self
@@ -187,10 +187,9 @@ impl Builder {
     /// never). A parked fiber costs at least one resident page of stack (4 KiB), although its
     /// live frames are usually a few hundred bytes to a few KiB: compaction copies that live part
     /// into a heap buffer of its size and gives the stack's pages back to the OS; the fiber's
-    /// next resumption copies it back first (a page fault and a small copy, about 2 µs measured
-    /// here, only for fibers that were parked this long: a fiber woken sooner pays nothing).
-    /// Measured on W6, 100,000 fibers parked on one gate: 4,490 → 906 bytes per parked fiber
-    /// (`arch/compaction.md`).
+    /// next resumption copies it back first (a page fault and a small copy, only for fibers
+    /// that were parked this long: a fiber woken sooner pays nothing). What it saves per parked
+    /// fiber and what a resumption pays: `arch/compaction.md`.
     ///
     /// The supervisor compacts: it looks about every `after` (at least every
     /// `supervisor_interval`) while fibers park, so a fiber is compacted between `after` and

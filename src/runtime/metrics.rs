@@ -6,7 +6,6 @@
 
 use std::fmt;
 use std::panic::Location;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use crate::scheduler::Shared;
@@ -125,65 +124,52 @@ pub struct BlockingLocation {
 
 impl Metrics {
     pub(crate) fn read(rt: &Shared) -> Metrics {
-        let known = rt.known.lock().unwrap_or_else(|e| e.into_inner()).clone();
-        let slots = &rt.slots[..rt.started()];
-        let sum = |field: fn(&crate::scheduler::Stats) -> &AtomicU64| -> u64 {
-            slots.iter().map(|s| field(&s.stats).load(Ordering::Relaxed)).sum()
-        };
-        let remote = &rt.remote;
-        // Finished before spawned: a fiber counted finished was spawned earlier, so `live`
-        // never reads negative on a running runtime.
-        let finished = sum(|s| &s.finished) + remote.finished.load(Ordering::Relaxed);
-        let spawned = sum(|s| &s.spawned) + remote.spawned.load(Ordering::Relaxed);
-        let (carved, reserved, _) = rt.stacks.usage();
-        // Restores before compactions, as finished before spawned above.
-        let restores = sum(|s| &s.restores) + remote.restores.load(Ordering::Relaxed);
-        let restored_bytes = sum(|s| &s.restored_bytes) + remote.restored_bytes.load(Ordering::Relaxed);
-        let compactions = rt.compaction.compactions.load(Ordering::Relaxed);
-        let saved_bytes = rt.compaction.saved_bytes.load(Ordering::Relaxed);
+        let c = rt.counters();
         Metrics {
-            fibers_spawned: spawned,
-            fibers_finished: finished,
-            fibers_live: spawned.saturating_sub(finished),
-            switches: slots.iter().map(|s| s.progress.load(Ordering::Relaxed)).sum(),
-            parks: sum(|s| &s.parks),
-            unparks: sum(|s| &s.unparks) + remote.unparks.load(Ordering::Relaxed),
-            steals: sum(|s| &s.steals),
-            injector_pushes: sum(|s| &s.injector_pushes) + remote.injector_pushes.load(Ordering::Relaxed),
-            injector_pops: sum(|s| &s.injector_pops),
-            timer_wakeups: sum(|s| &s.timer_wakeups),
-            io_wakeups: sum(|s| &s.io_wakeups),
-            idle_time: Duration::from_nanos(sum(|s| &s.idle_ns)),
-            stack_pool_hits: sum(|s| &s.stack_hits),
-            stack_pool_misses: sum(|s| &s.stack_misses),
-            stacks_carved: carved as u64,
-            stack_bytes_reserved: reserved as u64,
+            fibers_spawned: c.spawned,
+            fibers_finished: c.finished,
+            fibers_live: c.spawned.saturating_sub(c.finished),
+            switches: c.switches,
+            parks: c.parks,
+            unparks: c.unparks,
+            steals: c.steals,
+            injector_pushes: c.injector_pushes,
+            injector_pops: c.injector_pops,
+            timer_wakeups: c.timer_wakeups,
+            io_wakeups: c.io_wakeups,
+            idle_time: Duration::from_nanos(c.idle_ns),
+            stack_pool_hits: c.stack_hits,
+            stack_pool_misses: c.stack_misses,
+            stacks_carved: c.stacks_carved as u64,
+            stack_bytes_reserved: c.stack_bytes_reserved as u64,
             stacks_scavenged: crate::fiber::stack::SizeClass::scavenged() as u64,
-            stack_compactions: compactions,
-            stack_restores: restores,
-            compacted_stack_bytes: saved_bytes.saturating_sub(restored_bytes),
-            compaction_releases: rt.compaction.releases.load(Ordering::Relaxed),
-            unparks_during_compaction: rt.compaction.unparks_met.load(Ordering::Relaxed),
-            carriers_target: rt.target,
-            carriers_current: rt.active.load(Ordering::Relaxed),
-            carriers_peak: rt.peak.load(Ordering::Relaxed),
-            carriers_blocked: rt.blocked.load(Ordering::Relaxed),
-            detections: rt.detections.load(Ordering::Relaxed),
-            compensations: rt.compensations.load(Ordering::Relaxed),
-            known_blocking: known
+            stack_compactions: c.compactions,
+            stack_restores: c.restores,
+            compacted_stack_bytes: c.saved_bytes.saturating_sub(c.restored_bytes),
+            compaction_releases: c.compaction_releases,
+            unparks_during_compaction: c.unparks_during_compaction,
+            carriers_target: c.carriers_target,
+            carriers_current: c.carriers_active,
+            carriers_peak: c.carriers_peak,
+            carriers_blocked: c.carriers_blocked,
+            detections: c.detections,
+            compensations: c.compensations,
+            known_blocking: c
+                .known_blocking
                 .into_iter()
                 .map(|k| BlockingLocation { location: k.location, runs: k.runs, caught: k.caught })
                 .collect(),
-            per_carrier: slots
-                .iter()
+            per_carrier: c
+                .per_carrier
+                .into_iter()
                 .map(|s| CarrierMetrics {
-                    switches: s.progress.load(Ordering::Relaxed),
-                    fibers_started: s.stats.started.load(Ordering::Relaxed),
-                    steals: s.stats.steals.load(Ordering::Relaxed),
-                    injector_pops: s.stats.injector_pops.load(Ordering::Relaxed),
-                    idle_time: Duration::from_nanos(s.stats.idle_ns.load(Ordering::Relaxed)),
-                    cpu: Some(s.cpu.load(Ordering::Relaxed)).filter(|&c| c != crate::scheduler::NOT_PINNED),
-                    floats: s.floats.load(Ordering::Relaxed),
+                    switches: s.switches,
+                    fibers_started: s.started,
+                    steals: s.steals,
+                    injector_pops: s.injector_pops,
+                    idle_time: Duration::from_nanos(s.idle_ns),
+                    cpu: s.cpu,
+                    floats: s.floats,
                 })
                 .collect(),
         }

@@ -13,7 +13,7 @@ pub(crate) mod spawn;
 use std::fmt;
 use std::io;
 use std::panic::{Location, resume_unwind};
-use std::sync::atomic::{AtomicPtr, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicPtr, Ordering};
 use std::sync::{Mutex, OnceLock};
 use std::thread;
 
@@ -26,7 +26,6 @@ use crate::fiber::wait::WaitReason;
 use crate::runtime::spawn::Builder as FiberBuilder;
 use crate::scheduler::Shared;
 use crate::scheduler::config::{Affinity, Config};
-use crate::scheduler::shutdown;
 
 /// A set of carrier threads running fibers. See the crate docs for an overview.
 pub struct Runtime {
@@ -40,7 +39,7 @@ pub struct Runtime {
 #[derive(Clone)]
 pub struct Handle {
     rt: RuntimeRef,
-    /// `FORKS` when the runtime was built (see `check_not_forked`).
+    /// `platform::forks()` when the runtime was built (see `check_not_forked`).
     forks: u64,
 }
 
@@ -81,11 +80,10 @@ impl Runtime {
         let t = thread::Builder::new().name(format!("{name}-supervisor")).spawn(move || {
             // The runtime may be built on a pinned carrier of another.
             crate::platform::thread::unpin_current();
-            sup.supervisor_thread.get_or_init(thread::current);
             crate::scheduler::supervisor::run(sup);
         })?;
         runtime.supervisor = Some(t);
-        if rt.config.dump_on_sigquit {
+        if rt.config().dump_on_sigquit {
             crate::scheduler::diagnostics::dump_on_sigquit(&rt)?;
         }
         Ok(runtime)
@@ -145,7 +143,7 @@ impl Runtime {
 
     /// The number of carriers this runtime was built with.
     pub fn carriers(&self) -> usize {
-        self.handle.rt.config.carriers
+        self.handle.rt.config().carriers
     }
 }
 
@@ -221,7 +219,7 @@ impl fmt::Debug for Runtime {
 
 impl fmt::Debug for Handle {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Handle").field("carriers", &self.rt.config.carriers).finish_non_exhaustive()
+        f.debug_struct("Handle").field("carriers", &self.rt.config().carriers).finish_non_exhaustive()
     }
 }
 
@@ -233,10 +231,7 @@ impl Drop for Runtime {
             // stopped or unwound; leak it.
             return;
         }
-        // SeqCst: a carrier about to sleep in the reactor raises `on_reactor`, then reads
-        // `shutdown` (both SeqCst); `unpark_carrier` below reads `on_reactor` after this store.
-        // Either the carrier sees the shutdown, or we see it polling and wake the reactor.
-        rt.shutdown.store(true, Ordering::SeqCst);
+        rt.begin_shutdown();
         let supervisor = self.supervisor.take();
         let me = crate::scheduler::carrier::here();
         // SAFETY: a non-null carrier pointer is this thread's live carrier.
@@ -246,8 +241,8 @@ impl Drop for Runtime {
             // on a thread of its own, so the other fibers still end and their joins return.
             let rt = rt.clone();
             let spawned = thread::Builder::new()
-                .name(format!("{}-drop", rt.config.thread_name))
-                .spawn(move || stop(&rt, supervisor));
+                .name(format!("{}-drop", rt.config().thread_name))
+                .spawn(move || rt.stop(supervisor));
             if spawned.is_err() {
                 eprintln!(
                     "virtual-threads: a Runtime was dropped from one of its own fibers and no thread could be started to stop it; leaking it"
@@ -255,46 +250,22 @@ impl Drop for Runtime {
             }
             return;
         }
-        stop(rt, supervisor);
+        rt.stop(supervisor);
     }
 }
 
-/// Stops the runtime's threads and unwinds its unfinished fibers (`shutdown` is set).
-fn stop(rt: &Shared, supervisor: Option<thread::JoinHandle<()>>) {
-    crate::scheduler::diagnostics::forget_sigquit(rt);
-    if let Some(t) = supervisor {
-        t.thread().unpark();
-        let _ = t.join();
-    }
-    // Every carrier there will ever be: `start_carrier` looks at `shutdown` and registers
-    // the thread it spawns under this lock, so from here on none starts. (The supervisor
-    // is not the only one to start carriers: a carrier whose fiber enters `vt::blocking`
-    // compensates too, and one started that way just after this took the list was never
-    // joined and kept running fibers while `cancel_all` ran: bug 10 in
-    // `arch/reliability.md`.)
-    let threads = std::mem::take(&mut *rt.threads.lock().unwrap_or_else(|e| e.into_inner()));
-    for i in 0..rt.started() {
-        rt.unpark_carrier(i);
-    }
-    for t in &threads {
-        // A carrier that has only just started may not have published its `Thread` in its
-        // slot yet (what `unpark_carrier` uses): its handle reaches it all the same.
-        t.thread().unpark();
-    }
-    shutdown::run(rt, threads);
-}
-
-/// Processes forked so far in this process's line (bumped in the child by a `pthread_atfork`
-/// handler): a runtime remembers the count it was built at, and one built before a fork has
-/// no threads in the child.
-static FORKS: AtomicU64 = AtomicU64::new(0);
-
+/// The `pthread_atfork` child handler, run on the child's only thread, the one that called
+/// `fork`. It counts the fork (a runtime built before it has no threads here), and if that
+/// thread is a carrier, makes it a plain thread: the fiber that forked goes on as the child's
+/// program, and neither it nor its carrier's loop may touch the parent's runtime again (its
+/// epoll sets and eventfds are shared with the parent: `fiber::context::forget_carrier_after_fork`).
 extern "C" fn after_fork_in_child() {
-    FORKS.fetch_add(1, Ordering::Relaxed);
+    crate::platform::count_fork();
+    crate::fiber::context::forget_carrier_after_fork();
 }
 
 pub(crate) fn forks() -> u64 {
-    FORKS.load(Ordering::Relaxed)
+    crate::platform::forks()
 }
 
 /// Panics if `h`'s runtime was built before a `fork` (in the parent: its carriers do not exist
@@ -349,59 +320,4 @@ pub(crate) fn with_current_runtime<R>(f: impl FnOnce(&RuntimeRef) -> R) -> R {
         return f(unsafe { (*c).runtime_ref() });
     }
     f(default_runtime().handle.runtime())
-}
-
-#[cfg(test)]
-mod tests {
-    use std::sync::atomic::Ordering;
-    use std::sync::{Arc, mpsc};
-    use std::time::{Duration, Instant};
-
-    use crate::scheduler::test_hooks::CARRIER_SPAWNED;
-
-    /// A carrier that compensation starts while the runtime is being dropped is joined by the
-    /// drop, like every other (bug 10 in `arch/reliability.md`). Before the fix, the drop could
-    /// take the list of carrier threads to join between the spawn of such a carrier and its
-    /// registration: never joined, the carrier went on running fibers while the drop unwound
-    /// the others, and the ones it held then (running, or in its local deque) were never
-    /// unwound, which hung `tests/stress.rs`. That window is a few instructions wide; the hook
-    /// holds the compensating carrier in it until the drop has begun and has either taken the
-    /// list or is kept from it by the lock this thread holds. Before the fix this failed every
-    /// time ("1 carrier thread(s) ... never joined").
-    #[test]
-    fn a_carrier_started_while_the_runtime_drops_is_joined() {
-        let rt = crate::Runtime::builder().carriers(1).max_carriers(2).build().unwrap();
-        let handle = rt.handle();
-        let me = handle.runtime().ptr() as usize;
-        let (spawned_tx, spawned_rx) = mpsc::sync_channel::<()>(1);
-        *CARRIER_SPAWNED.lock().unwrap() = Some(Arc::new(move |rt, index| {
-            if std::ptr::from_ref(rt) as usize != me || index != 1 {
-                return; // another test's runtime, or a carrier the runtime starts with
-            }
-            let _ = spawned_tx.try_send(());
-            // A generous bound, so that a broken test fails instead of hanging.
-            let limit = Instant::now() + Duration::from_secs(30);
-            while Instant::now() < limit {
-                if rt.shutdown.load(Ordering::Acquire) {
-                    match rt.threads.try_lock() {
-                        Ok(threads) if threads.is_empty() => return, // the drop took them
-                        Ok(_) => {}
-                        Err(_) => return, // held: by this thread (the fix), or the drop taking them
-                    }
-                }
-                std::thread::yield_now();
-            }
-        }));
-        // Its blocking section (in place: `vt::blocking` runs on a helper thread) makes the only
-        // carrier count as blocked: compensation starts
-        // carrier 1, and the hook stops it there.
-        let blocker = rt.spawn(|| crate::scope::blocking_here(std::panic::Location::caller(), || ()));
-        let started = spawned_rx.recv_timeout(Duration::from_secs(30));
-        drop(rt);
-        *CARRIER_SPAWNED.lock().unwrap() = None;
-        started.expect("compensation started a second carrier");
-        assert!(blocker.join().is_ok(), "the fiber that compensated was running: it finishes");
-        let left = handle.runtime().threads.lock().unwrap().len();
-        assert_eq!(left, 0, "{left} carrier thread(s) started during the drop were never joined");
-    }
 }

@@ -5,7 +5,6 @@
 use std::io;
 use std::panic::Location;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 
 use crate::fiber::Init;
 use crate::fiber::context;
@@ -99,7 +98,7 @@ impl Builder {
     {
         let class = match self.stack_size {
             Some(bytes) => SizeClass::get(usable_size(bytes)?),
-            None => rt.stacks,
+            None => rt.stacks(),
         };
         let c = crate::scheduler::carrier::here();
         // SAFETY: a non-null carrier pointer is this thread's live carrier; it is used only
@@ -136,7 +135,7 @@ impl Builder {
             class,
             vtable: &Erased::<F, T>::VTABLE,
             scope,
-            since: rt.clock.stamp().unwrap_or(0),
+            since: rt.stamp(),
         };
         // SAFETY: `slot` came from a pool (or is new): unused and ours.
         let (rec, for_handle) = unsafe { prepare::<F, T>(slot, init, f) };
@@ -146,21 +145,7 @@ impl Builder {
                 c.schedule_spawned(rec);
                 fork_yield(c);
             }
-            None => {
-                rt.remote.spawned.fetch_add(1, Ordering::Relaxed);
-                // SeqCst, against the drop's store: a spawn through a handle either is queued
-                // before the drop looks for live fibers, or sees `shutdown` and unwinds the
-                // fiber itself (never started: any thread will do), so its join returns.
-                if rt.shutdown.load(Ordering::SeqCst) {
-                    crate::scheduler::shutdown::cancel(rec);
-                } else {
-                    let again = rec.clone();
-                    rt.schedule_remote(rec);
-                    if rt.shutdown.load(Ordering::SeqCst) {
-                        crate::scheduler::shutdown::cancel(again);
-                    }
-                }
-            }
+            None => rt.schedule_spawned_remote(rec),
         }
         Ok(handle)
     }
@@ -171,7 +156,7 @@ impl Builder {
 /// (ZIO's `MaxForksBeforeYield`). Off when the setting is 0.
 #[inline]
 fn fork_yield(c: &Carrier) {
-    let every = c.shared().config.fork_yield;
+    let every = c.shared().config().fork_yield;
     let me = c.current();
     if every == 0 || me.is_null() {
         return;
@@ -207,7 +192,7 @@ where
     let c = unsafe { &*c };
     // Checked here rather than inside: the handle then travels in a register, not in an
     // `io::Result` in memory (moving that enum cost a store-forwarding stall per spawn).
-    if let Err(e) = c.ensure_stack(c.shared().stacks) {
+    if let Err(e) = c.ensure_stack(c.shared().stacks()) {
         spawn_failed(e);
     }
     // SAFETY: `F` and `T` are 'static; `c` as above; a stack can be had.
@@ -245,7 +230,7 @@ where
     // SAFETY: a non-null carrier pointer is this thread's live carrier; `spawn_local` uses it
     // only before its one switch point, the fork-yield at its very end.
     let c = unsafe { &*c };
-    c.ensure_stack(c.shared().stacks)?;
+    c.ensure_stack(c.shared().stacks())?;
     // SAFETY: `F` and `T` are 'static; `c` as above; a stack can be had.
     Ok(unsafe { spawn_local(c, f, at) })
 }
@@ -263,7 +248,7 @@ where
     T: Send,
 {
     let rt = c.shared();
-    let class = rt.stacks;
+    let class = rt.stacks();
     let id = c.next_id();
     let slot = c.alloc_record();
     let runtime = c.take_ref();
@@ -279,7 +264,7 @@ where
         class,
         vtable: &Erased::<F, T>::VTABLE,
         scope: None,
-        since: rt.clock.stamp().unwrap_or(0),
+        since: rt.stamp(),
     };
     // SAFETY: `slot` came from the carrier's pool: unused and ours; the caller's contract
     // covers what `f` borrows.

@@ -22,7 +22,7 @@ use std::sync::atomic::{AtomicUsize, Ordering, fence};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use super::CachePadded;
-use super::run_queue::Local;
+use super::queue::run_queue::Local;
 use crate::fiber::FiberRef;
 
 /// Most fibers one `steal_into` takes from a shard (crossbeam's injector took up to 33), so one
@@ -130,6 +130,12 @@ impl Injector {
         None
     }
 
+    /// Fibers queued, summed over the shards without their locks (a moment's estimate, for the
+    /// supervisor).
+    pub(crate) fn len(&self) -> usize {
+        self.shards.iter().map(|s| s.len.load(Ordering::Relaxed)).sum()
+    }
+
     /// Takes one fiber (used at shutdown, without a local queue).
     pub(crate) fn pop_any(&self) -> Option<FiberRef> {
         self.shards.iter().filter(|s| !s.looks_empty()).find_map(|s| {
@@ -231,7 +237,7 @@ mod tests {
         assert!(inj.shards[0].looks_empty() && !inj.is_empty());
 
         // Steals from shard 0 onwards find shard 1: half of it, capped at STEAL_BATCH.
-        let (local, _) = crate::scheduler::run_queue::new(256);
+        let (local, _) = crate::scheduler::queue::run_queue::new(256);
         let mut got = Vec::new();
         let mut sizes = Vec::new();
         while let Some(f) = inj.steal_into(0, &local) {
@@ -268,7 +274,7 @@ mod tests {
         let n = 16 * KEEP_CAPACITY;
         inj.push_batch(0, &mut fibers(&rt, n));
         assert!(inj.shards[0].lock().capacity() >= n);
-        let (local, _) = crate::scheduler::run_queue::new(256);
+        let (local, _) = crate::scheduler::queue::run_queue::new(256);
         let mut taken = 0;
         while let Some(f) = inj.steal_into(0, &local) {
             taken += 1 + local.len();
@@ -299,7 +305,7 @@ mod tests {
         inj.push(3, fs.next().unwrap());
         inj.push_batch(2, &mut fs.collect());
         // A partly stolen shard too, and a private batch that is dropped unpushed.
-        let (local, _) = crate::scheduler::run_queue::new(256);
+        let (local, _) = crate::scheduler::queue::run_queue::new(256);
         let first = inj.steal_into(0, &local).unwrap();
         let mut unpushed = Batch::new();
         unpushed.push(first);
@@ -316,87 +322,5 @@ mod tests {
 }
 
 #[cfg(all(test, loom))]
-mod loom_tests {
-    //! A push to any shard followed by `notify` is never missed by a carrier that registers as
-    //! a sleeper and then checks every shard. Loom cannot run the real shards (they hold fiber
-    //! records), so each is a loom `Mutex<VecDeque>` beside a loom atomic length,
-    //! with the real shard count, mask and scan order and the real orderings: the length is
-    //! stored under the lock (Relaxed), a carrier skips a shard whose length reads 0 before
-    //! locking it, and the re-check is a SeqCst fence and Relaxed loads of the lengths. The
-    //! real shard is the same ring under a lock, with fibers for numbers. The carriers and
-    //! the real `Idle` are the idle model's (`idle::loom_tests`).
-    use std::collections::VecDeque;
-
-    use super::super::idle::loom_tests::{Queues, check};
-    use crate::loom::{AtomicUsize, Mutex, Ordering, fence};
-
-    struct Shard {
-        queue: Mutex<VecDeque<u32>>,
-        len: AtomicUsize,
-    }
-
-    /// The injector's shape: `Injector::new`'s shard count, `push`'s mask, `steal_into`'s
-    /// scan from the carrier's own shard, `is_empty` over all shards.
-    struct Shards {
-        shards: Box<[Shard]>,
-        mask: usize,
-    }
-
-    impl Shards {
-        fn new(carriers: usize) -> Shards {
-            let n = (carriers * 2).next_power_of_two().max(2);
-            let shard = || Shard { queue: Mutex::new(VecDeque::new()), len: AtomicUsize::new(0) };
-            Shards { shards: (0..n).map(|_| shard()).collect(), mask: n - 1 }
-        }
-
-        fn push(&self, shard: usize, f: u32) {
-            let s = &self.shards[shard & self.mask];
-            let mut q = s.queue.lock().unwrap();
-            q.push_back(f);
-            s.len.store(q.len(), Ordering::Relaxed);
-        }
-    }
-
-    impl Queues for Shards {
-        fn take_unsearched(&self, me: usize) -> bool {
-            (0..self.shards.len()).any(|k| {
-                let s = &self.shards[(me + k) & self.mask];
-                if s.len.load(Ordering::Relaxed) == 0 {
-                    return false;
-                }
-                let mut q = s.queue.lock().unwrap();
-                let took = q.pop_front().is_some();
-                s.len.store(q.len(), Ordering::Relaxed);
-                took
-            })
-        }
-
-        fn steal(&self, _me: usize) -> bool {
-            false
-        }
-
-        fn visible(&self, _me: usize, _can_search: &dyn Fn() -> bool) -> bool {
-            fence(Ordering::SeqCst);
-            self.shards.iter().any(|s| s.len.load(Ordering::Relaxed) > 0)
-        }
-    }
-
-    /// Plain threads schedule two fibers (`schedule_remote`: push to the thread's shard, then
-    /// `notify`) into the shards that carrier 0 scans last and next to last; each of the two
-    /// sleeping carriers must take one.
-    #[test]
-    fn loom_injector_push_to_any_shard_wakes_a_carrier() {
-        check(
-            2,
-            2,
-            2,
-            || Shards::new(2),
-            |m| {
-                for (f, shard) in [(1, 3), (2, 2)] {
-                    m.queues.push(shard, f);
-                    m.notify();
-                }
-            },
-        );
-    }
-}
+#[path = "tests/loom_injector.rs"]
+mod loom_tests;

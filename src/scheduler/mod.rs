@@ -9,10 +9,12 @@
 //!
 //! | file | what it owns |
 //! |---|---|
-//! | `shared.rs` | `Shared`, the state every carrier and waker sees; `CarrierSlot`, a carrier's part of it other threads touch; counters; starting, retiring and waking carriers |
+//! | `shared.rs` | `Shared`, the state every carrier and waker sees; `CarrierSlot`, a carrier's part of it other threads touch; the few methods code outside `scheduler/` reads it through |
+//! | `lifecycle.rs` | starting, waking, compensating, retiring, reviving and stopping carriers |
+//! | `counters.rs` | one reading of the counters, for `Runtime::metrics` |
 //! | `carrier/` | a carrier's own hot state and loop (`Carrier`, on its thread's stack) |
-//! | `run_queue.rs`, `home_queue.rs`, `inbox.rs`, `injector.rs` | the stealable deque, the private home queue, the home inbox, the global sharded queue |
-//! | `idle.rs` | the sleep/wake protocol that loses no wake-up |
+//! | `queue/` | the structures fibers pass through: the stealable run queue, the private home queue, the home inbox, and the sleep/wake protocol that loses no wake-up (`idle.rs`) |
+//! | `injector.rs` | the global sharded queue work enters through from outside the carriers |
 //! | `runtime_ref.rs` | the counted `RuntimeRef` and the `Schedule` impl fiber/ calls through |
 //! | `supervisor.rs`, `compactor.rs`, `locations.rs` | blocked-carrier detection and compensation, the compaction policy, blocking locations |
 //! | `affinity.rs` | the carriers' CPU affinity policy: pinned until their CPU is shared, then floating |
@@ -27,26 +29,24 @@ mod affinity;
 pub(crate) mod carrier;
 mod compactor;
 pub(crate) mod config;
+mod counters;
 pub(crate) mod diagnostics;
-mod home_queue;
-mod idle;
-mod inbox;
 mod injector;
+mod lifecycle;
 pub(crate) mod locations;
+pub(crate) mod queue;
 pub(crate) mod reactor;
 pub(crate) mod roots;
-mod run_queue;
 mod runtime_ref;
 mod shared;
 pub(crate) mod shutdown;
 pub(crate) mod supervisor;
 pub(crate) mod time;
 
-pub(crate) use idle::Idle;
 pub(crate) use injector::Injector;
 pub(crate) use roots::Roots;
 pub(crate) use runtime_ref::{STOCK_BATCH, schedule};
-pub(crate) use shared::{CachePadded, CarrierSlot, NOT_PINNED, RECORD_CACHE, RecordPtr, Shared, Stats, bump};
+pub(crate) use shared::{CachePadded, CarrierSlot, NOT_PINNED, RECORD_CACHE, RecordPtr, Shared, bump};
 
 /// Test-only hooks into interleavings that are otherwise a few instructions wide.
 #[cfg(test)]

@@ -1,7 +1,9 @@
 //! `Shared`: the state every carrier (and every thread that spawns or wakes a fiber) sees, with
 //! the part of each carrier that other threads touch (`CarrierSlot`), the counters, the coarse
-//! clock, and the shared record pool. Starting, retiring and reviving carriers and waking them
-//! are here too: they change this state under its locks.
+//! clock, and the shared record pool. Its fields are the scheduler's own: code outside
+//! `scheduler/` reads it through a few methods (`config`, `stacks`, `stamp`, `is_shut_down`,
+//! `counters`, and the spawn and shutdown paths), so the layout can change behind them. A
+//! carrier's life (start, wake, compensate, retire, revive, stop) is in `lifecycle.rs`.
 
 use std::ptr::NonNull;
 
@@ -18,9 +20,9 @@ use crate::fiber::{FiberRecord, FiberRef, NO_HOME};
 use crate::scheduler::reactor::Reactor;
 use crate::scheduler::time::TimerHeap;
 
-use crate::fiber::schedule::RuntimeRef;
-
-use super::{Idle, Injector, Roots, carrier, compactor, inbox, locations, run_queue, shutdown, supervisor};
+use super::queue::idle::Idle;
+use super::queue::{inbox, run_queue};
+use super::{Injector, Roots, compactor, locations, shutdown, supervisor};
 
 /// Aligns a value to its own cache line pair (the adjacent-line prefetcher pulls lines in
 /// pairs), so per-carrier state is never falsely shared.
@@ -37,68 +39,68 @@ impl<T> std::ops::Deref for CachePadded<T> {
 
 /// The part of a carrier that other threads touch.
 pub(crate) struct CarrierSlot {
-    pub(crate) stealer: run_queue::Remote<FiberRef>,
+    pub(super) stealer: run_queue::Remote<FiberRef>,
     /// Fibers at home here, made runnable by another thread (`inbox.rs`). Not stealable.
-    pub(crate) inbox: inbox::Inbox<FiberRef>,
+    pub(super) inbox: inbox::Inbox<FiberRef>,
     /// Fibers in this carrier's private home queue (written by the carrier alone), for the
     /// supervisor and dumps: fibers that only this carrier may run.
-    pub(crate) home_len: AtomicUsize,
-    pub(crate) timers: Mutex<TimerHeap>,
+    pub(super) home_len: AtomicUsize,
+    pub(super) timers: Mutex<TimerHeap>,
     /// Earliest deadline in `timers`, in ns since the runtime's epoch (`u64::MAX`: none).
-    pub(crate) next_deadline: AtomicU64,
-    pub(crate) thread: OnceLock<Thread>,
+    pub(super) next_deadline: AtomicU64,
+    pub(super) thread: OnceLock<Thread>,
     /// Bumped by the carrier at every fiber switch (single writer); the supervisor samples it.
-    pub(crate) progress: AtomicU64,
+    pub(super) progress: AtomicU64,
     /// The carrier sleeps (or is about to) in `epoll_wait` on its poll set: waking it takes
     /// the set's eventfd. Raised by every idle carrier, and by a retired spare.
-    pub(crate) on_reactor: AtomicBool,
+    pub(super) on_reactor: AtomicBool,
     /// The fiber this carrier runs next (a `FiberRef` as a raw pointer, or null). Only the
     /// owner puts fibers here; a compensating carrier may take one out of a blocked owner.
-    pub(crate) lifo: AtomicPtr<FiberRecord>,
+    pub(super) lifo: AtomicPtr<FiberRecord>,
     /// Location of the fiber running now (its spawn site, or its `blocking` call site), or null
     /// between fibers. Written by the carrier at every switch; sampled by the supervisor.
-    pub(crate) location: AtomicPtr<Location<'static>>,
+    pub(super) location: AtomicPtr<Location<'static>>,
     /// The fiber running here declared (or is known) to block its thread; the carrier counts
     /// itself in `Shared::blocked` while this is set.
-    pub(crate) in_blocking: AtomicBool,
+    pub(super) in_blocking: AtomicBool,
     /// Set by the supervisor when it catches this carrier blocked; the carrier records the
     /// location in its map when the fiber switches out, and clears it.
-    pub(crate) caught: AtomicBool,
+    pub(super) caught: AtomicBool,
     /// The carrier thread's kernel id, for `/proc/self/task/<tid>/stat`.
-    pub(crate) tid: AtomicI32,
-    pub(crate) locations: locations::LocationMap,
+    pub(super) tid: AtomicI32,
+    pub(super) locations: locations::LocationMap,
     /// A spare carrier parked until compensation needs it again.
-    pub(crate) retired: AtomicBool,
+    pub(super) retired: AtomicBool,
     /// The CPU this carrier is pinned to now, or `NOT_PINNED` (written by the carrier when it
     /// pins itself, then by the supervisor's affinity policy: `affinity.rs`).
-    pub(crate) cpu: AtomicUsize,
+    pub(super) cpu: AtomicUsize,
     /// Times the affinity policy let this carrier float off a shared CPU.
-    pub(crate) floats: AtomicU64,
+    pub(super) floats: AtomicU64,
     /// Scheduling counters, written by this carrier alone (summed by `Runtime::metrics`).
-    pub(crate) stats: Stats,
+    pub(super) stats: Stats,
 }
 
 /// One carrier's counters. Single writer (the carrier), so a bump is a load and a store, not a
 /// locked instruction; readers sum them with relaxed loads and never disturb the carrier.
 #[derive(Default)]
 pub(crate) struct Stats {
-    pub(crate) spawned: AtomicU64,
+    pub(super) spawned: AtomicU64,
     /// Fibers whose first run was here (their home, unless migration is on).
-    pub(crate) started: AtomicU64,
-    pub(crate) finished: AtomicU64,
-    pub(crate) parks: AtomicU64,
-    pub(crate) unparks: AtomicU64,
-    pub(crate) steals: AtomicU64,
-    pub(crate) injector_pushes: AtomicU64,
-    pub(crate) injector_pops: AtomicU64,
-    pub(crate) timer_wakeups: AtomicU64,
-    pub(crate) io_wakeups: AtomicU64,
-    pub(crate) idle_ns: AtomicU64,
-    pub(crate) stack_hits: AtomicU64,
-    pub(crate) stack_misses: AtomicU64,
+    pub(super) started: AtomicU64,
+    pub(super) finished: AtomicU64,
+    pub(super) parks: AtomicU64,
+    pub(super) unparks: AtomicU64,
+    pub(super) steals: AtomicU64,
+    pub(super) injector_pushes: AtomicU64,
+    pub(super) injector_pops: AtomicU64,
+    pub(super) timer_wakeups: AtomicU64,
+    pub(super) io_wakeups: AtomicU64,
+    pub(super) idle_ns: AtomicU64,
+    pub(super) stack_hits: AtomicU64,
+    pub(super) stack_misses: AtomicU64,
     /// Compacted stacks this carrier copied back, and their bytes.
-    pub(crate) restores: AtomicU64,
-    pub(crate) restored_bytes: AtomicU64,
+    pub(super) restores: AtomicU64,
+    pub(super) restored_bytes: AtomicU64,
 }
 
 /// Adds `n` to a single-writer counter.
@@ -111,12 +113,12 @@ pub(crate) fn bump(c: &AtomicU64, n: u64) {
 /// rare paths, so shared atomics are fine here.
 #[derive(Default)]
 pub(crate) struct RemoteStats {
-    pub(crate) spawned: AtomicU64,
-    pub(crate) finished: AtomicU64,
-    pub(crate) unparks: AtomicU64,
-    pub(crate) injector_pushes: AtomicU64,
-    pub(crate) restores: AtomicU64,
-    pub(crate) restored_bytes: AtomicU64,
+    pub(super) spawned: AtomicU64,
+    pub(super) finished: AtomicU64,
+    pub(super) unparks: AtomicU64,
+    pub(super) injector_pushes: AtomicU64,
+    pub(super) restores: AtomicU64,
+    pub(super) restored_bytes: AtomicU64,
 }
 
 /// The runtime's coarse clock for dumps: nanoseconds since the epoch, refreshed by the
@@ -156,41 +158,41 @@ impl Clock {
 pub(crate) struct Shared {
     /// Counted references (see [`RuntimeRef`]; `runtime_ref.rs` counts them).
     pub(super) refs: AtomicUsize,
-    pub(crate) config: Config,
-    pub(crate) slots: Box<[CachePadded<CarrierSlot>]>,
-    pub(crate) injector: Injector,
-    pub(crate) idle: Idle,
-    pub(crate) roots: Roots,
-    pub(crate) clock: CachePadded<Clock>,
-    pub(crate) remote: CachePadded<RemoteStats>,
+    pub(super) config: Config,
+    pub(super) slots: Box<[CachePadded<CarrierSlot>]>,
+    pub(super) injector: Injector,
+    pub(super) idle: Idle,
+    pub(super) roots: Roots,
+    pub(super) clock: CachePadded<Clock>,
+    pub(super) remote: CachePadded<RemoteStats>,
     /// The compactor's counters (written by the supervisor only).
-    pub(crate) compaction: CachePadded<compactor::CompactionStats>,
-    pub(crate) shutdown: AtomicBool,
+    pub(super) compaction: CachePadded<compactor::CompactionStats>,
+    pub(super) shutdown: AtomicBool,
     /// The drop's hand-over of fibers to unwind on their home carriers (`shutdown.rs`).
-    pub(crate) drain: shutdown::Drain,
-    pub(crate) epoch: Instant,
-    pub(crate) stacks: &'static SizeClass,
-    pub(crate) reactor: Reactor,
+    pub(super) drain: shutdown::Drain,
+    pub(super) epoch: Instant,
+    pub(super) stacks: &'static SizeClass,
+    pub(super) reactor: Reactor,
     /// Carriers the runtime aims to have running fibers (`config.carriers`).
-    pub(crate) target: usize,
+    pub(super) target: usize,
     /// Slots `0..started` have (or had) a thread.
-    started: AtomicUsize,
+    pub(super) started: AtomicUsize,
     /// Carriers not retired.
-    pub(crate) active: AtomicUsize,
+    pub(super) active: AtomicUsize,
     /// Carriers blocked in the OS (detected by the supervisor or declared by `blocking`).
-    pub(crate) blocked: AtomicUsize,
-    pub(crate) peak: AtomicUsize,
-    pub(crate) detections: AtomicU64,
-    pub(crate) compensations: AtomicU64,
+    pub(super) blocked: AtomicUsize,
+    pub(super) peak: AtomicUsize,
+    pub(super) detections: AtomicU64,
+    pub(super) compensations: AtomicU64,
     /// Retired spare carriers, parked, to reuse before starting new threads.
-    spares: Mutex<Vec<usize>>,
+    pub(super) spares: Mutex<Vec<usize>>,
     /// The deques of slots that have no thread yet.
-    unstarted: Mutex<Vec<Option<run_queue::Local<FiberRef>>>>,
+    pub(super) unstarted: Mutex<Vec<Option<run_queue::Local<FiberRef>>>>,
     /// Carrier threads to join at shutdown.
-    pub(crate) threads: Mutex<Vec<std::thread::JoinHandle<()>>>,
-    pub(crate) supervisor_thread: OnceLock<Thread>,
-    pub(crate) supervisor_sleeping: AtomicBool,
-    pub(crate) known: Mutex<Vec<supervisor::Known>>,
+    pub(super) threads: Mutex<Vec<std::thread::JoinHandle<()>>>,
+    pub(super) supervisor_thread: OnceLock<Thread>,
+    pub(super) supervisor_sleeping: AtomicBool,
+    pub(super) known: Mutex<Vec<supervisor::Known>>,
     /// Unused fiber records, beyond what the carriers cache.
     pub(super) records: Mutex<Vec<RecordPtr>>,
 }
@@ -216,6 +218,31 @@ impl Drop for Shared {
 }
 
 impl Shared {
+    /// The settings the runtime was built with.
+    #[inline]
+    pub(crate) fn config(&self) -> &Config {
+        &self.config
+    }
+
+    /// The size class of the runtime's default stacks.
+    #[inline]
+    pub(crate) fn stacks(&self) -> &'static SizeClass {
+        self.stacks
+    }
+
+    /// The coarse clock, to stamp a new fiber's state with; 0 when fiber roots are off.
+    #[inline]
+    pub(crate) fn stamp(&self) -> u64 {
+        self.clock.stamp().unwrap_or(0)
+    }
+
+    /// Whether the runtime's drop has begun (`begin_shutdown`). SeqCst, against that store:
+    /// see the callers.
+    #[inline]
+    pub(crate) fn is_shut_down(&self) -> bool {
+        self.shutdown.load(Ordering::SeqCst)
+    }
+
     /// State for `config.max_carriers` carrier slots, and their reactor; no thread is started
     /// yet (a carrier opens its poll set when it starts).
     pub(crate) fn new(config: Config) -> Shared {
@@ -285,200 +312,6 @@ impl Shared {
         self.started.load(Ordering::Acquire)
     }
 
-    /// Starts the carrier thread of slot `i` (its deque waits in `unstarted`), unless the
-    /// runtime is shutting down.
-    ///
-    /// The spawn and the registration of the thread for the drop to join happen under the
-    /// `threads` lock, after a look at `shutdown` under it too. The drop sets `shutdown`, then
-    /// takes the threads to join under that lock, so a carrier either is in what it takes or
-    /// is never started. Registered outside the lock, a carrier that a fiber's `vt::blocking`
-    /// started could come just after the drop took the list: never joined, it kept running
-    /// fibers while the drop unwound the others, and whatever it held when it stopped was
-    /// never unwound (found by `tests/stress.rs`; `arch/reliability.md`, bug 10).
-    pub(crate) fn start_carrier(
-        &self,
-        i: usize,
-        core: Option<crate::platform::CoreId>,
-    ) -> std::io::Result<()> {
-        let mut threads = self.threads.lock().unwrap_or_else(|e| e.into_inner());
-        if self.shutdown.load(Ordering::Acquire) {
-            // The drop has taken (or will take) the threads to join: start nothing more. The
-            // fibers this would have run are unwound by the drop.
-            return Ok(());
-        }
-        let Some(worker) = self.unstarted.lock().unwrap_or_else(|e| e.into_inner())[i].take() else {
-            // Another thread compensating at the same time started this slot first: the
-            // caller's loop sees the new carrier in `active` and stops.
-            return Ok(());
-        };
-        // Before the thread exists: a fiber on it may register a socket with its set at once.
-        if let Err(e) = self.reactor.open(i) {
-            // Put the deque back, so that a later attempt can start the slot.
-            self.unstarted.lock().unwrap_or_else(|e| e.into_inner())[i] = Some(worker);
-            return Err(e);
-        }
-        // SAFETY: the caller holds a reference to this runtime (we are inside it), so the count
-        // is positive and the new reference is sound.
-        let rt = unsafe { RuntimeRef::from_shared(self) };
-        let name = format!("{}-{i}", self.config.thread_name);
-        self.active.fetch_add(1, Ordering::AcqRel);
-        self.started.fetch_max(i + 1, Ordering::AcqRel);
-        // Counted as a searcher until its loop runs (`Idle::start_searching`); `Carrier::run`
-        // starts with `searching` set, so its first search or sleep ends it.
-        self.idle.start_searching();
-        let spawned = std::thread::Builder::new().name(name).spawn(move || {
-            match core {
-                // Not fatal: a carrier that cannot be pinned still runs fibers.
-                Some(c) if crate::platform::pin_to(c) => rt.slots[i].cpu.store(c.id, Ordering::Relaxed),
-                Some(_) => {}
-                // A spare started by a pinned carrier would inherit its one CPU.
-                None => crate::platform::thread::unpin_current(),
-            }
-            rt.slots[i].thread.get_or_init(std::thread::current);
-            rt.slots[i].tid.store(crate::platform::gettid(), Ordering::Relaxed);
-            carrier::Carrier::run(i, rt, worker);
-        });
-        #[cfg(test)]
-        super::test_hooks::carrier_spawned(self, i);
-        match spawned {
-            Ok(t) => {
-                threads.push(t);
-                drop(threads);
-                self.peak.fetch_max(self.active.load(Ordering::Relaxed), Ordering::Relaxed);
-                Ok(())
-            }
-            Err(e) => {
-                self.active.fetch_sub(1, Ordering::AcqRel);
-                self.idle.stop_search();
-                Err(e)
-            }
-        }
-    }
-
-    /// Makes sure `target` carriers can run fibers while some are blocked: wakes a retired
-    /// spare, or starts a new carrier, within `max_carriers`.
-    pub(crate) fn compensate(&self) {
-        loop {
-            let active = self.active.load(Ordering::Acquire);
-            let blocked = self.blocked.load(Ordering::Acquire);
-            if active.saturating_sub(blocked) >= self.target
-                || active >= self.config.max_carriers
-                || self.shutdown.load(Ordering::Acquire)
-            {
-                return;
-            }
-            let spare = self.spares.lock().unwrap_or_else(|e| e.into_inner()).pop();
-            if let Some(i) = spare {
-                self.active.fetch_add(1, Ordering::AcqRel);
-                self.slots[i].retired.store(false, Ordering::Release);
-                self.unpark_carrier(i);
-            } else {
-                let next = {
-                    let u = self.unstarted.lock().unwrap_or_else(|e| e.into_inner());
-                    u.iter().position(Option::is_some)
-                };
-                match next {
-                    Some(i) if self.start_carrier(i, None).is_ok() => {}
-                    // Out of slots or threads: nothing more to do.
-                    _ => return,
-                }
-            }
-            self.compensations.fetch_add(1, Ordering::Relaxed);
-            self.peak.fetch_max(self.active.load(Ordering::Relaxed), Ordering::Relaxed);
-        }
-    }
-
-    /// A carrier of its own for a fiber from a known-blocking spawn site, which is about to
-    /// start on a regular carrier: a retired spare woken, or a new carrier started, within
-    /// `max_carriers`. `None` when the bound is reached (or the runtime stops): the fiber then
-    /// runs where it is and is compensated for, as before.
-    ///
-    /// Why: a started fiber stays on its home carrier, so a fiber that blocks its carrier holds
-    /// up every fiber at home there for as long as it blocks; compensation can move only
-    /// unstarted fibers. Starting the blocker elsewhere (placing an unstarted fiber is free)
-    /// leaves its spawner's carrier, and the fibers at home on it, running.
-    pub(crate) fn carrier_for_blocking(&self) -> Option<usize> {
-        if self.shutdown.load(Ordering::Acquire)
-            || self.active.load(Ordering::Acquire) >= self.config.max_carriers
-        {
-            return None;
-        }
-        let spare = self.spares.lock().unwrap_or_else(|e| e.into_inner()).pop();
-        let i = match spare {
-            Some(i) => {
-                self.active.fetch_add(1, Ordering::AcqRel);
-                self.slots[i].retired.store(false, Ordering::Release);
-                self.unpark_carrier(i);
-                i
-            }
-            None => {
-                let next = {
-                    let u = self.unstarted.lock().unwrap_or_else(|e| e.into_inner());
-                    u.iter().position(Option::is_some)?
-                };
-                self.start_carrier(next, None).ok()?;
-                // Another thread may have taken that slot first; then it is started all the same.
-                if next >= self.started() {
-                    return None;
-                }
-                next
-            }
-        };
-        self.compensations.fetch_add(1, Ordering::Relaxed);
-        self.peak.fetch_max(self.active.load(Ordering::Relaxed), Ordering::Relaxed);
-        Some(i)
-    }
-
-    /// A spare carrier with nothing to do while enough others run: retire it (park it as a
-    /// spare) unless that would leave fewer than `target` unblocked carriers.
-    pub(crate) fn try_retire(&self, i: usize) -> bool {
-        let mut spares = self.spares.lock().unwrap_or_else(|e| e.into_inner());
-        // Fibers in its inbox are at home on it: they may run nowhere else (see `revive`).
-        if !self.slots[i].inbox.is_empty() {
-            return false;
-        }
-        let mut active = self.active.load(Ordering::Acquire);
-        loop {
-            let blocked = self.blocked.load(Ordering::Acquire);
-            if active.saturating_sub(blocked) <= self.target {
-                return false;
-            }
-            match self.active.compare_exchange(active, active - 1, Ordering::AcqRel, Ordering::Acquire) {
-                Ok(_) => break,
-                Err(a) => active = a,
-            }
-        }
-        self.slots[i].retired.store(true, Ordering::Release);
-        spares.push(i);
-        true
-    }
-
-    /// More carriers run than the target now that a block ended: wake one sleeping spare so it
-    /// retires (a busy spare retires by itself between fibers).
-    pub(crate) fn shrink(&self) {
-        let surplus =
-            self.active.load(Ordering::Acquire).saturating_sub(self.blocked.load(Ordering::Acquire));
-        if surplus <= self.target {
-            return;
-        }
-        for i in self.target..self.started() {
-            if !self.slots[i].retired.load(Ordering::Acquire) && self.idle.notify_carrier(i) {
-                self.unpark_carrier(i);
-                return;
-            }
-        }
-    }
-
-    /// A carrier became busy: if the supervisor sleeps (every carrier was idle), wake it.
-    pub(crate) fn supervisor_wake(&self) {
-        // SeqCst pairs with `supervisor::sleep_until_work`.
-        if self.supervisor_sleeping.load(Ordering::SeqCst) {
-            if let Some(t) = self.supervisor_thread.get() {
-                t.unpark();
-            }
-        }
-    }
-
     /// An unused record from the shared pool, or a new one.
     pub(crate) fn alloc_record(&self) -> NonNull<FiberRecord> {
         let mut pool = self.records.lock().unwrap_or_else(|e| e.into_inner());
@@ -530,6 +363,24 @@ impl Shared {
         }
     }
 
+    /// Queues a new fiber spawned from a thread that is not one of this runtime's carriers (or
+    /// from a carrier of another runtime).
+    pub(crate) fn schedule_spawned_remote(&self, rec: FiberRef) {
+        self.remote.spawned.fetch_add(1, Ordering::Relaxed);
+        // SeqCst, against the drop's store: a spawn through a handle either is queued before
+        // the drop looks for live fibers, or sees `shutdown` and unwinds the fiber itself (never
+        // started: any thread will do), so its join returns.
+        if self.is_shut_down() {
+            shutdown::cancel(rec);
+        } else {
+            let again = rec.clone();
+            self.schedule_remote(rec);
+            if self.is_shut_down() {
+                shutdown::cancel(again);
+            }
+        }
+    }
+
     /// Makes a fiber runnable from a thread that is not one of this runtime's carriers.
     pub(crate) fn schedule_remote(&self, f: FiberRef) {
         if self.clock.on {
@@ -561,53 +412,6 @@ impl Shared {
         }
         if self.idle.notify_carrier(index) {
             self.unpark_carrier(index);
-        }
-    }
-
-    /// Brings back a retired spare carrier that has work only it may run (a fiber pinned to it
-    /// woke). Under the `spares` lock, which orders it with `try_retire`'s inbox check: either
-    /// this finds the spare retired, or the spare sees the work and does not retire.
-    pub(crate) fn revive(&self, i: usize) -> bool {
-        let mut spares = self.spares.lock().unwrap_or_else(|e| e.into_inner());
-        let Some(pos) = spares.iter().position(|&s| s == i) else { return false };
-        spares.swap_remove(pos);
-        self.active.fetch_add(1, Ordering::AcqRel);
-        self.slots[i].retired.store(false, Ordering::Release);
-        drop(spares);
-        self.unpark_carrier(i);
-        true
-    }
-
-    /// Wakes one sleeping carrier if work was made visible and nobody is looking for it.
-    /// Inline: every spawn calls it, and most calls end at the fence and one load (someone
-    /// searches, or nobody sleeps); as a call it cost a frame with register saves.
-    #[inline]
-    pub(crate) fn notify(&self) {
-        if self.idle.notify_needed() {
-            self.notify_slow();
-        }
-    }
-
-    /// `notify` once a sleeper must be woken.
-    #[inline(never)]
-    fn notify_slow(&self) {
-        if let Some(i) = self.idle.pop_sleeper() {
-            self.unpark_carrier(i);
-        }
-    }
-
-    /// Wakes carrier `i`: through its poll set's eventfd when it sleeps in `epoll_wait` (every
-    /// idle carrier and retired spare does), otherwise through its thread's park token.
-    pub(crate) fn unpark_carrier(&self, i: usize) {
-        // Pairs with the SeqCst store of `on_reactor` before the carrier's re-check (in
-        // `Carrier::park_idle` and `Carrier::retire`): either we see the carrier polling, or its
-        // re-check sees the work (or the revival) we made visible. The fence covers callers
-        // whose own store was weaker than SeqCst (`retired` is stored Release).
-        std::sync::atomic::fence(Ordering::SeqCst);
-        if self.slots[i].on_reactor.load(Ordering::SeqCst) {
-            self.reactor.wake(i);
-        } else if let Some(t) = self.slots[i].thread.get() {
-            t.unpark();
         }
     }
 

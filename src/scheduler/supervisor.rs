@@ -14,12 +14,15 @@
 //! See `arch/supervisor.md`.
 
 use std::collections::{HashMap, HashSet};
+use std::fs::File;
+use std::os::unix::fs::FileExt;
 use std::panic::Location;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use super::Shared;
 use super::compactor::Compactor;
+use super::shared::CarrierSlot;
 use crate::fiber::schedule::RuntimeRef;
 use crate::fiber::stack::SizeClass;
 
@@ -49,6 +52,10 @@ const SATURATED_FOR: Duration = Duration::from_secs(1);
 /// How long a carrier stays blocked in the OS, with fibers waiting that can run only on it,
 /// before the supervisor reports it on stderr (`diagnostics::report_blocked`).
 const REPORT_BLOCKED_AFTER: Duration = Duration::from_secs(1);
+/// Samples for which a carrier started by a surge (`surge`) stays counted blocked before its
+/// own off-CPU time has been judged: its first window may not be readable yet (the thread has
+/// not published its id).
+const PRESUMED_SAMPLES: u8 = 2;
 /// ZIO's rule after its false-positive bug: more than 64 runs at a location, and at least half
 /// of them caught blocking, make it known-blocking.
 const KNOWN_MIN_RUNS: u64 = 64;
@@ -61,7 +68,7 @@ pub(crate) struct Known {
     pub(crate) caught: u64,
 }
 
-#[derive(Clone, Copy, Default)]
+#[derive(Default)]
 struct Watch {
     progress: u64,
     stalled: u32,
@@ -79,14 +86,21 @@ struct Watch {
     /// row the carrier ran one fiber without a switch, declared blocking sections included.
     report_progress: u64,
     same: u32,
+    /// The carrier's own polls of its epoll set at the last tick (`Reactor::owner_polls`).
+    owner_polls: u64,
+    /// The off-CPU rule's view of this carrier (`OffCpu`).
+    off: OffCpu,
 }
 
 /// The supervisor thread's body.
 pub(crate) fn run(rt: RuntimeRef) {
+    rt.supervisor_thread.get_or_init(std::thread::current);
     let every = rt.config.supervisor_interval;
     let mut watch: Vec<Watch> = Vec::new();
     let mut totals: HashMap<usize, Known> = HashMap::new();
     let mut tick: u64 = 0;
+    let mut aggregated: u64 = 0;
+    let mut profile = Profile::default();
     let mut starving: HashSet<usize> = HashSet::new();
     let mut reported: HashSet<usize> = HashSet::new();
     let mut quiet: Option<(u64, usize)> = None;
@@ -97,29 +111,35 @@ pub(crate) fn run(rt: RuntimeRef) {
     while !rt.shutdown.load(Ordering::Acquire) {
         rt.tick_clock();
         let started = rt.started();
-        watch.resize(started, Watch::default());
+        watch.resize_with(started, Watch::default);
         let mut running = 0;
+        let waiting = stealable(&rt, started);
         for (i, w) in watch.iter_mut().enumerate() {
             report_blocked(&rt, i, w, &mut reported);
-            if sample(&rt, i, w, &mut starving) {
+            if sample(&rt, i, w, &mut starving, &mut profile, waiting > 0) {
                 running += 1;
             }
         }
-        poll_blocked_sets(&rt, started);
+        surge(&rt, &mut watch, waiting);
+        poll_unread_sets(&rt, &mut watch);
         saturation.check(&rt);
         if let Some(a) = &mut affinity {
             a.check(&rt);
         }
         tick += 1;
-        if tick % 8 == 0 && rt.detections.load(Ordering::Relaxed) > 0 {
-            aggregate(&rt, &mut totals);
+        let idle = running == 0 && watch.iter().all(|w| !w.blocked);
+        // Also before an idle sleep, so that what the last burst caught is learnt now.
+        let detections = rt.detections.load(Ordering::Relaxed);
+        if (tick % 8 == 0 && detections > 0) || (idle && detections != aggregated) {
+            aggregated = detections;
+            aggregate(&rt, &mut totals, &profile);
             rt.shrink();
         }
         if let Some(c) = &mut compactor {
             c.run_if_due(&rt);
         }
         scavenger.run_if_due();
-        if running == 0 && watch.iter().all(|w| !w.blocked) {
+        if idle {
             sleep_until_work(&rt, every, &mut quiet, compactor.as_mut(), &mut scavenger);
         } else {
             std::thread::park_timeout(every);
@@ -127,28 +147,78 @@ pub(crate) fn run(rt: RuntimeRef) {
     }
 }
 
-/// A carrier blocked in the OS leaves its poll set unread; a fiber at home on another carrier
-/// may wait on a socket registered there (`reactor/`). Idle carriers read such sets too,
-/// but an idle runtime's carriers sleep in their own `epoll_wait`: so the supervisor, which
-/// ticks while a carrier is blocked, reads them without blocking. Woken fibers go to their
+/// Reads, without blocking, every poll set its carrier has not read since the last tick: a
+/// carrier blocked in the OS, or computing in one fiber without a switch point, leaves readiness
+/// there unread, and a fiber at home on another carrier may wait on a socket registered there (a
+/// socket handed between fibers, shared, or a migrated fiber: `reactor/`). Idle carriers
+/// read the sets of blocked carriers too, but an idle runtime's carriers sleep in their own
+/// `epoll_wait`, and no one else notices a computing carrier: so the supervisor, which ticks
+/// while any carrier is not asleep, does (Go's sysmon polls the network when nobody has for
+/// 10 ms). A set whose owner sleeps in it is skipped (`try_poll`). Woken fibers go to their
 /// home's inbox (or the injector).
-fn poll_blocked_sets(rt: &Shared, started: usize) {
-    for (i, slot) in rt.slots[..started].iter().enumerate() {
-        if slot.in_blocking.load(Ordering::Relaxed) || slot.caught.load(Ordering::Relaxed) {
+fn poll_unread_sets(rt: &Shared, watch: &mut [Watch]) {
+    for (i, w) in watch.iter_mut().enumerate() {
+        let polls = rt.reactor.owner_polls(i);
+        if polls == w.owner_polls {
             rt.reactor.try_poll(i, false);
         }
+        w.owner_polls = polls;
     }
 }
 
-/// Looks at carrier `i` once. Returns whether it is running a fiber.
-fn sample(rt: &Shared, i: usize, w: &mut Watch, starving: &mut HashSet<usize>) -> bool {
+/// Looks at carrier `i` once. Returns whether it is running a fiber. `work_waits`: fibers that
+/// any carrier may run are queued (`stealable`).
+fn sample(
+    rt: &Shared,
+    i: usize,
+    w: &mut Watch,
+    starving: &mut HashSet<usize>,
+    profile: &mut Profile,
+    work_waits: bool,
+) -> bool {
     let slot = &rt.slots[i];
     let loc = slot.location.load(Ordering::Acquire);
     let progress = slot.progress.load(Ordering::Relaxed);
-    if loc.is_null() || progress != w.progress || slot.in_blocking.load(Ordering::Acquire) {
+    let in_blocking = slot.in_blocking.load(Ordering::Acquire);
+    // The off-CPU rule looks only while the carrier runs fibers and others wait that a
+    // compensating carrier could take: reading costs ~0.4 µs a carrier, and nothing is read
+    // while no work waits.
+    let off_cpu = if !loc.is_null() && !in_blocking && work_waits {
+        w.off.judge(slot, rt.config.supervisor_interval).map(|off| {
+            // `schedstat` folds a running thread's time in only at the scheduler's tick or a
+            // switch, so a computing thread can look idle over one interval: it must also
+            // sleep in the kernel now. What the fiber running now does is also a sample of
+            // its spawn site's time (`Profile`).
+            let asleep = w.off.in_kernel();
+            profile.add(loc, asleep);
+            off && asleep
+        })
+    } else {
+        w.off.last = None;
+        None
+    };
+    if loc.is_null() || progress != w.progress || in_blocking {
         // Progressing, idle, or in a declared blocking section (the carrier counted itself).
-        if w.blocked {
+        // Progressing may still be blocked: a carrier whose fibers each block for less than an
+        // interval switches at every sample, yet sleeps in the kernel while work waits.
+        let presumed = w.off.presumed > 0 && off_cpu.is_none() && !loc.is_null();
+        w.off.presumed = w.off.presumed.saturating_sub(1);
+        if off_cpu == Some(true) {
+            w.off.presumed = 0;
+            rt.detections.fetch_add(1, Ordering::Relaxed);
+            // The fiber running now is asleep in the kernel (`judge` looked): the carrier
+            // records its location when it switches out, so that short blocking calls are
+            // learnt too.
+            slot.caught.store(true, Ordering::Release);
+            if !w.blocked {
+                w.blocked = true;
+                rt.blocked.fetch_add(1, Ordering::AcqRel);
+                rt.compensate();
+            }
+            w.off.counted = true;
+        } else if w.blocked && !presumed {
             w.blocked = false;
+            w.off.counted = false;
             rt.blocked.fetch_sub(1, Ordering::AcqRel);
             rt.shrink();
         }
@@ -158,6 +228,9 @@ fn sample(rt: &Shared, i: usize, w: &mut Watch, starving: &mut HashSet<usize>) -
         return !loc.is_null();
     }
     w.stalled += 1;
+    // A stall asleep in the kernel (a pool's worker fiber running short blocking jobs back to
+    // back never switches) is evidence for `surge` as the off-CPU rule's is; a CPU hog is not.
+    w.off.counted = off_cpu == Some(true);
     let taken = slot.stealer.taken();
     w.untaken = if taken == w.taken && !slot.stealer.is_empty() { w.untaken + 1 } else { 0 };
     w.taken = taken;
@@ -210,6 +283,164 @@ fn sample(rt: &Shared, i: usize, w: &mut Watch, starving: &mut HashSet<usize>) -
         rt.notify();
     }
     true
+}
+
+/// Fibers queued that any carrier may take: the injector, the deques and the hand-off slots
+/// (a moment's estimate). Fibers at home on a carrier are not counted: no compensating carrier
+/// may run them.
+fn stealable(rt: &Shared, started: usize) -> usize {
+    rt.injector.len()
+        + rt.slots[..started]
+            .iter()
+            .map(|s| s.stealer.len() + usize::from(!s.lifo.load(Ordering::Relaxed).is_null()))
+            .sum::<usize>()
+}
+
+/// Compensation for short blocking calls grows geometrically. A carrier found off-CPU is
+/// counted blocked and `compensate` adds carriers until `target` run unblocked; each of those
+/// is judged a window later, so alone the runtime would grow by `target` carriers per interval
+/// (64 carriers for a pool of 64 short blocking jobs after 320 ms). So for every carrier whose
+/// off-CPU time was measured this sample, one more carrier is started (or a spare woken), up to
+/// the fibers waiting and `max_carriers`, and counted blocked at once, presumed to block as the
+/// others do; it is judged like any other at its first window, and uncounted (then retired) if
+/// it runs on the CPU or finds nothing to do. The measured count doubles at each interval
+/// while the evidence lasts; on a saturated CPU, time waiting for a CPU is not off-CPU time
+/// (`OffCpu::judge`), so the growth stops there.
+fn surge(rt: &Shared, watch: &mut Vec<Watch>, waiting: usize) {
+    let measured = watch.iter().filter(|w| w.off.counted && w.blocked && w.off.presumed == 0).count();
+    let mut n = measured.min(waiting.saturating_sub(rt.target));
+    while n > 0 {
+        let Some(i) = rt.carrier_for_blocking() else { return };
+        n -= 1;
+        if watch.len() <= i {
+            watch.resize_with(i + 1, Watch::default);
+        }
+        let w = &mut watch[i];
+        if w.blocked {
+            continue;
+        }
+        w.blocked = true;
+        rt.blocked.fetch_add(1, Ordering::AcqRel);
+        w.off.counted = true;
+        w.off.presumed = PRESUMED_SAMPLES;
+        let slot = &rt.slots[i];
+        // A woken spare's counters run on from its past; a new thread's start from zero now.
+        w.off.last = w.off.read(slot).or(Some(Reading { at: Instant::now(), exec: 0, delay: 0, idle: 0 }));
+        w.progress = slot.progress.load(Ordering::Relaxed);
+    }
+}
+
+/// A sampling profile of spawn sites while work waits: at each judged sample, the site of the
+/// fiber running and whether its thread slept in the kernel. A site whose fibers each block
+/// for a millisecond switches long before a sample can catch the carrier stalled, so the
+/// stall rule's caught-per-run count never reaches half; but the share of samples that find
+/// it asleep estimates the share of its running time spent blocked, whatever its calls' length.
+#[derive(Default)]
+struct Profile {
+    /// Per site (its address): samples, and samples asleep in the kernel.
+    sites: HashMap<usize, (u64, u64)>,
+}
+
+/// Samples of a site before its asleep share may make it known blocking.
+const PROFILE_MIN_SAMPLES: u64 = 32;
+
+impl Profile {
+    fn add(&mut self, loc: *mut Location<'static>, asleep: bool) {
+        let e = self.sites.entry(loc as usize).or_default();
+        e.0 += 1;
+        e.1 += u64::from(asleep);
+    }
+
+    /// Whether the samples say the site spends at least half its running time blocked.
+    fn blocking(&self, loc: &'static Location<'static>) -> bool {
+        self.sites
+            .get(&(loc as *const _ as usize))
+            .is_some_and(|&(samples, asleep)| samples >= PROFILE_MIN_SAMPLES && 2 * asleep >= samples)
+    }
+}
+
+/// One reading of a carrier thread's scheduler counters.
+#[derive(Clone, Copy)]
+struct Reading {
+    at: Instant,
+    /// Nanoseconds on a CPU, and runnable but waiting for one (`schedstat`'s first two fields).
+    exec: u64,
+    delay: u64,
+    /// The carrier's `idle_ns` counter: if it moved, the carrier idled during the window.
+    idle: u64,
+}
+
+/// The off-CPU rule: a carrier that runs fibers while work waits, and spent more than half of
+/// the last interval neither on a CPU nor waiting for one (asleep in the kernel), is blocked,
+/// even though it switched meanwhile. Ten thousand fibers each calling `std::thread::sleep(10
+/// ms)` switch at every sample and were never compensated (51 s on 2 carriers). Time waiting
+/// for a CPU (`run_delay`) counts as on-CPU: adding threads to a saturated machine only helps
+/// fairness.
+#[derive(Default)]
+struct OffCpu {
+    /// The thread id, `/proc/self/task/<tid>/schedstat` and `.../stat`, kept open: a `pread`
+    /// costs ~0.4 µs where an open-read-close costs several.
+    files: Option<(i32, File, File)>,
+    last: Option<Reading>,
+    /// Counted blocked by this rule (or by a surge), not by a stall.
+    counted: bool,
+    /// Started by a surge: samples left during which it stays counted without a judgement.
+    presumed: u8,
+}
+
+impl OffCpu {
+    fn files(&mut self, tid: i32) -> Option<&(i32, File, File)> {
+        if tid <= 0 {
+            return None;
+        }
+        if self.files.as_ref().is_none_or(|f| f.0 != tid) {
+            let open = |name: &str| File::open(format!("/proc/self/task/{tid}/{name}")).ok();
+            self.files = Some((tid, open("schedstat")?, open("stat")?));
+        }
+        self.files.as_ref()
+    }
+
+    fn read(&mut self, slot: &CarrierSlot) -> Option<Reading> {
+        let (_, sched, _) = self.files(slot.tid.load(Ordering::Relaxed))?;
+        let mut buf = [0u8; 96];
+        let n = sched.read_at(&mut buf, 0).ok()?;
+        let (exec, delay) = parse_schedstat(buf.get(..n)?)?;
+        Some(Reading { at: Instant::now(), exec, delay, idle: slot.stats.idle_ns.load(Ordering::Relaxed) })
+    }
+
+    /// Whether the carrier spent more than half of the window since the last reading asleep in
+    /// the kernel, without idling; `None` when unknown (no earlier reading, it idled, a window
+    /// shorter than half an interval).
+    fn judge(&mut self, slot: &CarrierSlot, every: Duration) -> Option<bool> {
+        let now = self.read(slot);
+        let last = std::mem::replace(&mut self.last, now);
+        let (last, now) = (last?, now?);
+        let wall = u64::try_from(now.at.duration_since(last.at).as_nanos()).unwrap_or(u64::MAX);
+        if now.idle != last.idle || u128::from(wall) < every.as_nanos() / 2 {
+            return None;
+        }
+        let on = now.exec.saturating_sub(last.exec) + now.delay.saturating_sub(last.delay);
+        Some(on.saturating_mul(2) < wall)
+    }
+
+    /// Whether the thread sleeps in the kernel now (`S` or `D`).
+    fn in_kernel(&self) -> bool {
+        let Some((_, _, stat)) = &self.files else { return false };
+        let mut buf = [0u8; 512];
+        let Ok(n) = stat.read_at(&mut buf, 0) else { return false };
+        let stat = &buf[..n];
+        // "tid (comm) S ...": the state follows the last ')'.
+        stat.iter()
+            .rposition(|&c| c == b')')
+            .and_then(|c| stat.get(c + 2))
+            .is_some_and(|s| matches!(s, b'S' | b'D'))
+    }
+}
+
+/// `schedstat`'s first two fields: nanoseconds on a CPU, and runnable waiting for one.
+fn parse_schedstat(text: &[u8]) -> Option<(u64, u64)> {
+    let mut fields = std::str::from_utf8(text).ok()?.split_ascii_whitespace().map(|f| f.parse::<u64>().ok());
+    Some((fields.next()??, fields.next()??))
 }
 
 /// Compensation's dead end: every carrier up to `max_carriers` is blocked in the OS and fibers
@@ -378,7 +609,7 @@ fn cpu_since_stall(w: &Watch, now: Option<u64>, every: Duration) -> Option<(Dura
 
 /// Sums the carriers' location maps and marks known-blocking locations in every map. Runs only
 /// once something was caught blocking; `totals` is reused between runs.
-fn aggregate(rt: &Shared, totals: &mut HashMap<usize, Known>) {
+fn aggregate(rt: &Shared, totals: &mut HashMap<usize, Known>, profile: &Profile) {
     let started = rt.started();
     totals.clear();
     for slot in &rt.slots[..started] {
@@ -389,8 +620,13 @@ fn aggregate(rt: &Shared, totals: &mut HashMap<usize, Known>) {
             k.caught += e.caught.load(Ordering::Relaxed);
         }
     }
-    let known: Vec<Known> =
-        totals.values().filter(|k| k.runs > KNOWN_MIN_RUNS && 2 * k.caught >= k.runs).cloned().collect();
+    // A site is known by ZIO's rule over its runs, or, with as many runs behind it, by the
+    // sampling profile's share of its time (short calls).
+    let known: Vec<Known> = totals
+        .values()
+        .filter(|k| k.runs > KNOWN_MIN_RUNS && (2 * k.caught >= k.runs || profile.blocking(k.location)))
+        .cloned()
+        .collect();
     if known.is_empty() {
         return;
     }
@@ -561,7 +797,8 @@ mod tests {
         let (used, window) = cpu_since_stall(&w, Some(1_000 + hz / 100), every).unwrap();
         assert_eq!((used, window), (Duration::from_millis(10), Duration::from_millis(90)));
         // Unknown at either end: nothing to say.
-        assert_eq!(cpu_since_stall(&Watch { cpu_at_stall: None, ..w }, Some(5), every), None);
+        let unknown = Watch { stalled: 10, ..Watch::default() };
+        assert_eq!(cpu_since_stall(&unknown, Some(5), every), None);
         assert_eq!(cpu_since_stall(&w, None, every), None);
     }
 }

@@ -25,10 +25,8 @@ use std::time::{Duration, Instant};
 
 use corosensei::CoroutineResult;
 
-use super::home_queue::HomeQueue;
 use super::injector::Batch;
 use super::locations;
-use super::run_queue::{self, Local};
 use super::shutdown;
 use super::{CarrierSlot, RECORD_CACHE, STOCK_BATCH, Shared, bump};
 use crate::fiber::context::{self, CarrierState, Running};
@@ -37,6 +35,8 @@ use crate::fiber::id::{self as fid, FiberId};
 use crate::fiber::schedule::{RuntimeRef, Wake};
 use crate::fiber::stack::{FiberStack, SizeClass};
 use crate::fiber::{Claim, Co, FiberRecord, FiberRef, NO_HOME, Suspend};
+use crate::scheduler::queue::home_queue::HomeQueue;
+use crate::scheduler::queue::run_queue::{self, Local};
 
 mod caches;
 use caches::{Borrowed, Caches};

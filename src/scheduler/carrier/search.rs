@@ -96,7 +96,7 @@ impl Carrier {
             // Unstarted fibers wait in the deque ahead of the home queue's oldest, and another
             // carrier is idle: leave them to it. Once started here they could never move, so
             // a carrier that started every fiber it spawned before the others woke would run
-            // them all (W5 split very unevenly between two carriers). It runs a fiber at home meanwhile
+            // them all for their whole lives. It runs a fiber at home meanwhile
             // and makes sure an idle carrier looks (a searcher already does: then this is a
             // fence and a load). The same while this carrier is clearly heavier than another
             // (`weigh`), which takes them with `steal_if_lighter`. Otherwise arrival order holds.
@@ -223,7 +223,7 @@ impl Carrier {
             }
             let vslot = &self.rt.slots[victim];
             // A carrier running a fiber that just spawned or woke one runs it itself in a
-            // moment, with warm caches; taking it moves a sequential chain (W3) to this carrier
+            // moment, with warm caches; taking it moves a sequential chain of spawns to this carrier
             // and back, fiber by fiber. Go gives `runnext` the same grace (3 µs).
             let patient = !take_last && !vslot.location.load(Ordering::Relaxed).is_null();
             // Take about half of the victim's queue.
@@ -372,7 +372,7 @@ impl Carrier {
         // sleeper: whoever pops it from the sleepers list then sees the flag (SeqCst, paired
         // with `unpark_carrier`) and wakes it through the eventfd. Raised after registering, a
         // wake could go to the thread's park token while the carrier then blocks in epoll_wait
-        // for ever (found by the W3 chained_fork bench).
+        // for ever.
         slot.on_reactor.store(true, Ordering::SeqCst);
         idle.register(self.index);
         let visible = self.work_visible();
@@ -390,13 +390,15 @@ impl Carrier {
         }
         slot.on_reactor.store(false, Ordering::Relaxed);
         match idle.unregister(self.index) {
-            crate::scheduler::idle::Unregister::WasNotified => self.searching.set(true),
+            crate::scheduler::queue::idle::Unregister::WasNotified => self.searching.set(true),
             // Work seen on the re-check is looked for as a searcher, so that taking it from the
             // injector wakes the next carrier (step 3) as stealing it would: otherwise a second
             // fiber pushed while we counted as searching waits behind the first (found by the
             // loom model of the idle protocol, `arch/loom.md`, finding 3).
-            crate::scheduler::idle::Unregister::Removed if visible => self.searching.set(idle.try_search()),
-            crate::scheduler::idle::Unregister::Removed => {}
+            crate::scheduler::queue::idle::Unregister::Removed if visible => {
+                self.searching.set(idle.try_search())
+            }
+            crate::scheduler::queue::idle::Unregister::Removed => {}
         }
         self.rt.supervisor_wake();
     }

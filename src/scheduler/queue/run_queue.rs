@@ -11,14 +11,13 @@
 //! that still reads it can no longer win. Indices are `usize` counters that never wrap on a
 //! 64-bit target, so a CAS cannot mistake a new head for the old one (ABA).
 //!
-//! Against crossbeam's FIFO `Worker`, which this replaced: a pop took a locked `xadd` and a
-//! resize check, a 128-fiber spill was 128 pops, and a steal into a
-//! growing deque could allocate. Here a pop is a load, a compare and one CAS; a spill and a
+//! Against crossbeam's FIFO `Worker`: there a pop takes a locked `xadd` and a resize check, a
+//! 128-fiber spill is 128 pops, and a steal into a growing deque can allocate. Here a pop is a load, a compare and one CAS; a spill and a
 //! steal are one CAS each; the ring never allocates after it is built. It is bounded
 //! ([`CAPACITY`]): a full queue spills half to the injector (`Carrier::spill`).
 //!
-//! The atomics are `crate::loom`'s, so the models at the foot of this file (and the idle
-//! protocol's in `idle.rs`) run this code. See `arch/scheduler.md`.
+//! The atomics are `crate::loom`'s, so its models (`tests/loom_run_queue.rs`, and the
+//! idle protocol's, `tests/loom_idle.rs`) run this code. See `arch/scheduler.md`.
 
 use std::marker::PhantomData;
 
@@ -440,69 +439,5 @@ mod tests {
 }
 
 #[cfg(all(test, loom))]
-mod loom_tests {
-    use super::*;
-
-    impl Entry for usize {
-        fn into_word(self) -> usize {
-            self
-        }
-        unsafe fn from_word(word: usize) -> Self {
-            word
-        }
-    }
-
-    fn drain(q: &Local<usize>, into: &mut Vec<usize>) {
-        into.extend(std::iter::from_fn(|| q.pop()));
-    }
-
-    /// The owner pushes past the ring's wrap and pops while a thief steals: every entry is taken
-    /// exactly once, and a slot the owner reuses is never handed out from its old contents.
-    #[test]
-    fn loom_run_queue_owner_and_thief_take_each_once() {
-        loom::model(|| {
-            let (owner, remote) = new::<usize>(2);
-            owner.push(1).unwrap();
-            owner.push(2).unwrap();
-            let thief = loom::thread::spawn(move || {
-                let (mine, _) = new::<usize>(2);
-                let mut got: Vec<usize> = remote.steal_into(&mine, 32).into_iter().collect();
-                drain(&mine, &mut got);
-                got
-            });
-            let mut got: Vec<usize> = owner.pop().into_iter().collect();
-            // Reuses slot 0 once 1 is gone (by our pop or the steal).
-            if owner.push(3).is_err() {
-                drain(&owner, &mut got);
-                owner.push(3).unwrap();
-            }
-            drain(&owner, &mut got);
-            got.extend(thief.join().unwrap());
-            got.sort_unstable();
-            assert_eq!(got, [1, 2, 3]);
-        });
-    }
-
-    /// The owner spills a batch while a thief steals half: one CAS each, no entry twice.
-    #[test]
-    fn loom_run_queue_spill_against_a_steal() {
-        loom::model(|| {
-            let (owner, remote) = new::<usize>(4);
-            for i in 1..=3 {
-                owner.push(i).unwrap();
-            }
-            let thief = loom::thread::spawn(move || {
-                let (mine, _) = new::<usize>(4);
-                let mut got: Vec<usize> = remote.steal_into(&mine, 32).into_iter().collect();
-                drain(&mine, &mut got);
-                got
-            });
-            let mut got = Vec::new();
-            owner.take_into(&mut got, 2);
-            drain(&owner, &mut got);
-            got.extend(thief.join().unwrap());
-            got.sort_unstable();
-            assert_eq!(got, [1, 2, 3]);
-        });
-    }
-}
+#[path = "tests/loom_run_queue.rs"]
+mod loom_tests;

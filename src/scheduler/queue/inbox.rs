@@ -8,13 +8,13 @@
 //! and swings the head with one CAS. The owner takes the whole stack with one swap and reverses
 //! it into arrival order, straight into its private home queue (`Carrier::drain_inbox`); a
 //! taker that swapped the chain out owns all of it, so there is no ABA (nobody pops one entry
-//! while others push). It replaced a `Mutex<VecDeque>` that every cross-carrier wake and every
-//! pinned yield locked (issue 19, `arch/performance.md`).
+//! while others push). Not a `Mutex<VecDeque>`: every cross-carrier wake and every pinned
+//! yield would take its lock (`arch/performance.md`).
 //!
 //! The idle protocol (`idle.rs`) sees the inbox through [`Inbox::is_empty`], fenced like the
 //! run queue's: a pusher pushes, then fences and reads the sleepers; a carrier going to sleep
-//! registers, then fences and reads the head. The atomics are `crate::loom`'s, so the
-//! model at the foot of this file runs this code.
+//! registers, then fences and reads the head. The atomics are `crate::loom`'s, so its
+//! model (`tests/loom_inbox.rs`) runs this code.
 
 use std::marker::PhantomData;
 
@@ -144,11 +144,12 @@ impl<T: Linked> Drop for Drain<T> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    #[cfg(not(loom))]
     use crate::loom::Arc;
 
     /// A boxed node: its word is the box's address, its link a field.
-    struct Node {
-        value: usize,
+    pub(super) struct Node {
+        pub(super) value: usize,
         link: AtomicUsize,
     }
 
@@ -170,7 +171,7 @@ mod tests {
         }
     }
 
-    fn node(value: usize) -> Box<Node> {
+    pub(super) fn node(value: usize) -> Box<Node> {
         Box::new(Node { value, link: AtomicUsize::new(0) })
     }
 
@@ -215,29 +216,8 @@ mod tests {
             assert_eq!(mine.len(), per);
         }
     }
-
-    /// Two pushers against a taker: every entry comes out exactly once, in each pusher's order.
-    #[cfg(loom)]
-    #[test]
-    fn loom_inbox_two_pushers_one_taker() {
-        loom::model(|| {
-            let inbox = Arc::new(Inbox::new());
-            let pushers: Vec<_> = (0..2)
-                .map(|t| {
-                    let inbox = inbox.clone();
-                    loom::thread::spawn(move || {
-                        inbox.push(node(10 * t + 1));
-                        inbox.push(node(10 * t + 2));
-                    })
-                })
-                .collect();
-            let mut seen: Vec<usize> = inbox.take_all().map(|n| n.value).collect();
-            pushers.into_iter().for_each(|h| h.join().unwrap());
-            seen.extend(inbox.take_all().map(|n| n.value));
-            for t in 0..2 {
-                let mine: Vec<_> = seen.iter().copied().filter(|v| v / 10 == t).collect();
-                assert_eq!(mine, [10 * t + 1, 10 * t + 2], "pusher {t}: each once, in order");
-            }
-        });
-    }
 }
+
+#[cfg(all(test, loom))]
+#[path = "tests/loom_inbox.rs"]
+mod loom_tests;
