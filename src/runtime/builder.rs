@@ -17,6 +17,11 @@ pub const DEFAULT_SUPERVISOR_INTERVAL: Duration = Duration::from_millis(10);
 /// allows 256; blocking pools far larger than the core count were a pain point (cats-effect).
 pub const DEFAULT_MAX_CARRIERS: usize = 256;
 
+/// The most carriers a runtime may have, counting compensating ones: Linux's `PID_MAX_LIMIT`
+/// (2^22), past which no process can have threads. Above it `carriers` and `max_carriers` are
+/// `InvalidInput` (a number near `usize::MAX` overflowed a capacity computation and panicked).
+const CARRIERS_LIMIT: usize = 1 << 22;
+
 /// Settings for a [`Runtime`]. Setters take and return the builder by value, so calls chain:
 /// `Runtime::builder().carriers(2).build()`. Nothing is checked or started until
 /// [`build`](Builder::build), which reports invalid settings as `io::ErrorKind::InvalidInput`.
@@ -73,7 +78,8 @@ impl Builder {
 
     /// The most carriers that may exist at once, compensating carriers (started while others
     /// are blocked in the OS) included. Default: the larger of 256 and `carriers`. Must be at
-    /// least `carriers`.
+    /// least `carriers` and at most 2^22 (Linux's limit on threads). Costs nothing until
+    /// carriers start: slots are made as they do.
     pub fn max_carriers(mut self, n: usize) -> Builder {
         self.max_carriers = Some(n);
         self
@@ -267,6 +273,14 @@ impl Builder {
         if carriers == 0 {
             return invalid("a runtime needs at least 1 carrier, got carriers(0)".into());
         }
+        for (name, n) in [("carriers", Some(carriers)), ("max_carriers", self.max_carriers)] {
+            if let Some(n) = n.filter(|&n| n > CARRIERS_LIMIT) {
+                return invalid(format!(
+                    "{name}({n}) is above the limit of {CARRIERS_LIMIT} carriers (no process can have \
+                     more threads)"
+                ));
+            }
+        }
         let max_carriers = self.max_carriers.unwrap_or(DEFAULT_MAX_CARRIERS.max(carriers));
         if max_carriers < carriers {
             return invalid(format!("max_carriers({max_carriers}) is below carriers({carriers})"));
@@ -395,6 +409,16 @@ mod tests {
         assert!(compact(None).fiber_roots(false).config().is_ok());
         assert!(compact(Some(Duration::from_nanos(1))).config().is_ok());
         assert!(Builder::new().carriers(3).config().unwrap().max_carriers >= 3);
+        for b in [Builder::new().carriers(usize::MAX), Builder::new().max_carriers(usize::MAX)] {
+            let e = b.config().unwrap_err();
+            assert_eq!(e.kind(), io::ErrorKind::InvalidInput);
+            assert!(e.to_string().contains(&format!("carriers({})", usize::MAX)), "names the setting: {e}");
+        }
+        assert_eq!(kind(Builder::new().carriers(CARRIERS_LIMIT + 1)), io::ErrorKind::InvalidInput);
+        assert_eq!(
+            Builder::new().max_carriers(CARRIERS_LIMIT).config().unwrap().max_carriers,
+            CARRIERS_LIMIT
+        );
     }
 
     fn env<'a>(vars: &'a [(&str, &str)]) -> impl Fn(&str) -> Option<OsString> + 'a {

@@ -32,6 +32,7 @@ pub(crate) mod config;
 mod counters;
 pub(crate) mod diagnostics;
 mod injector;
+pub(crate) mod lazy_table;
 mod lifecycle;
 pub(crate) mod locations;
 pub(crate) mod queue;

@@ -290,8 +290,8 @@ fn sample(
 /// may run them.
 fn stealable(rt: &Shared, started: usize) -> usize {
     rt.injector.len()
-        + rt.slots[..started]
-            .iter()
+        + rt.slots
+            .upto(started)
             .map(|s| s.stealer.len() + usize::from(!s.lifo.load(Ordering::Relaxed).is_null()))
             .sum::<usize>()
 }
@@ -467,7 +467,7 @@ impl Saturation {
             self.since = None;
             return;
         }
-        let progress = rt.slots[..rt.started()].iter().map(|s| s.progress.load(Ordering::Relaxed)).sum();
+        let progress = rt.slots.upto(rt.started()).map(|s| s.progress.load(Ordering::Relaxed)).sum();
         match self.since {
             Some((at, p)) if p == progress => {
                 if at.elapsed() >= SATURATED_FOR {
@@ -484,7 +484,7 @@ impl Saturation {
 /// Whether a fiber is queued anywhere (injector, deques, LIFO slots, inboxes).
 fn work_waits(rt: &Shared) -> bool {
     !rt.injector.is_empty()
-        || rt.slots[..rt.started()].iter().any(|s| {
+        || rt.slots.upto(rt.started()).any(|s| {
             !s.stealer.is_empty()
                 || !s.lifo.load(Ordering::Relaxed).is_null()
                 || s.home_len.load(Ordering::Relaxed) > 0
@@ -612,7 +612,7 @@ fn cpu_since_stall(w: &Watch, now: Option<u64>, every: Duration) -> Option<(Dura
 fn aggregate(rt: &Shared, totals: &mut HashMap<usize, Known>, profile: &Profile) {
     let started = rt.started();
     totals.clear();
-    for slot in &rt.slots[..started] {
+    for slot in rt.slots.upto(started) {
         for (loc, e) in slot.locations.iter() {
             let k =
                 totals.entry(loc as *const _ as usize).or_insert(Known { location: loc, runs: 0, caught: 0 });
@@ -630,7 +630,7 @@ fn aggregate(rt: &Shared, totals: &mut HashMap<usize, Known>, profile: &Profile)
     if known.is_empty() {
         return;
     }
-    for slot in &rt.slots[..started] {
+    for slot in rt.slots.upto(started) {
         for (loc, e) in slot.locations.iter() {
             if known.iter().any(|k| std::ptr::eq(k.location, loc)) {
                 e.known.store(true, Ordering::Relaxed);
@@ -643,13 +643,13 @@ fn aggregate(rt: &Shared, totals: &mut HashMap<usize, Known>, profile: &Profile)
 /// Switches so far on every carrier, and plain-thread `vt` calls so far: if neither moved,
 /// nothing happened that could change the deadlock check's answer.
 fn activity(rt: &Shared) -> (u64, usize) {
-    let switches = rt.slots[..rt.started()].iter().map(|s| s.progress.load(Ordering::SeqCst)).sum();
+    let switches = rt.slots.upto(rt.started()).map(|s| s.progress.load(Ordering::SeqCst)).sum();
     (switches, crate::fiber::wait::PLAIN_CALLS.load(Ordering::SeqCst))
 }
 
 fn all_idle(rt: &Shared) -> bool {
     let started = rt.started();
-    !(rt.slots[..started].iter().any(|s| !s.location.load(Ordering::SeqCst).is_null())
+    !(rt.slots.upto(started).any(|s| !s.location.load(Ordering::SeqCst).is_null())
         || rt.idle.sleeping_count() < rt.active.load(Ordering::SeqCst))
 }
 

@@ -168,7 +168,9 @@ impl Carrier {
             return r;
         }
         self.rt.take_records(&mut cache, RECORD_CACHE / 2);
-        cache.pop().unwrap_or_else(|| self.rt.roots.alloc(self.index, self.rt.stacks, &mut cache))
+        cache.pop().unwrap_or_else(|| {
+            self.rt.roots.alloc(self.rt.roots.carrier_shard(self.index), self.rt.stacks, &mut cache)
+        })
     }
 
     /// A record whose fiber finished here and whose last reference went with it, cleared, and

@@ -47,8 +47,7 @@ impl Carrier {
 
     /// Fibers ever pushed onto every started carrier's deque: moves while carriers spawn.
     pub(super) fn deques_pushed(&self) -> usize {
-        let slots = &self.rt.slots[..self.rt.started()];
-        slots.iter().fold(0, |sum, s| sum.wrapping_add(s.stealer.pushed()))
+        self.rt.slots.upto(self.rt.started()).fold(0, |sum, s| sum.wrapping_add(s.stealer.pushed()))
     }
 
     /// The fast path: this carrier's own queues.
@@ -129,7 +128,7 @@ impl Carrier {
         let heavier = !rt.config.migrate_started_fibers
             && n > 1
             && mine > HEAVIER_BY
-            && rt.slots[..n].iter().enumerate().any(|(i, s)| {
+            && rt.slots.upto(n).enumerate().any(|(i, s)| {
                 i != self.index
                     && !s.retired.load(Ordering::Relaxed)
                     && !s.in_blocking.load(Ordering::Relaxed)
@@ -305,7 +304,7 @@ impl Carrier {
     /// shared between fibers of two carriers). As `fire_foreign_timers` does for timers.
     pub(super) fn poll_foreign_sets(&self) -> usize {
         let mut woken = 0;
-        for (i, slot) in self.rt.slots[..self.rt.started()].iter().enumerate() {
+        for (i, slot) in self.rt.slots.upto(self.rt.started()).enumerate() {
             if i != self.index
                 && (slot.in_blocking.load(Ordering::Relaxed) || slot.caught.load(Ordering::Relaxed))
             {
@@ -335,7 +334,7 @@ impl Carrier {
     pub(super) fn fire_foreign_timers(&self) -> usize {
         let now = self.rt.ns_since_epoch(Instant::now());
         let mut woken = 0;
-        for (i, slot) in self.rt.slots[..self.rt.started()].iter().enumerate() {
+        for (i, slot) in self.rt.slots.upto(self.rt.started()).enumerate() {
             if i != self.index && slot.next_deadline.load(Ordering::Relaxed) <= now {
                 woken += crate::scheduler::time::fire(&self.rt, i, now, true);
             }
@@ -350,8 +349,9 @@ impl Carrier {
         !self.slot().inbox.is_empty()
             || !rt.injector.is_empty()
             || (rt.idle.can_search()
-                && rt.slots[..rt.started()]
-                    .iter()
+                && rt
+                    .slots
+                    .upto(rt.started())
                     .enumerate()
                     .any(|(i, s)| i != self.index && !s.stealer.is_empty()))
             || rt.earliest_deadline() <= rt.ns_since_epoch(Instant::now())
