@@ -1,7 +1,7 @@
 //! `vt::blocking`: a call that blocks the OS thread runs on a helper thread while the calling
 //! fiber parks, so its carrier goes on running the fibers homed on it.
 //!
-//! Started fibers never leave their home carrier (the default since issue 19), so a carrier
+//! Started fibers never leave their home carrier (by default), so a carrier
 //! blocked in the OS strands them: compensation can add carriers, but only unstarted fibers
 //! can move to them. Running the blocking closure elsewhere keeps the carrier free instead.
 //!
@@ -53,7 +53,7 @@ struct Pool {
     queue: VecDeque<Task>,
     threads: usize,
     idle: usize,
-    /// `runtime::forks()` when these counts were true: a forked child has none of the threads.
+    /// `platform::forks()` when these counts were true: a forked child has none of the threads.
     forks: u64,
 }
 
@@ -91,7 +91,7 @@ unsafe fn run_call<F: FnOnce() -> T, T>(data: *const ()) {
 /// only when no helper exists and none can be started.
 fn submit(task: Task) -> std::io::Result<()> {
     let mut p = POOL.lock().unwrap_or_else(|e| e.into_inner());
-    let forks = crate::runtime::forks();
+    let forks = crate::platform::forks();
     if p.forks != forks {
         // A child process after `fork`: the helpers (and the calls they ran) were the parent's.
         *p = Pool { queue: VecDeque::new(), threads: 0, idle: 0, forks };

@@ -12,7 +12,7 @@ use std::cell::Cell;
 use std::ptr;
 
 use super::FiberRecord;
-use super::local::Locals;
+use super::local_map::Locals;
 
 /// The fiber a carrier runs now (null between fibers): a field of the scheduler's `Carrier`,
 /// written by it at every switch, read here through the pointer `set_carrier` registered.
@@ -48,6 +48,8 @@ thread_local! {
     /// Fiber-local values of a plain thread (the `fiber_local!` fallback).
     static PLAIN_LOCALS: Locals = Locals::default();
     static PLAIN: Cell<PlainThread> = const { Cell::new(PlainThread { id: 0, ids: (0, 0), shard: usize::MAX }) };
+    /// In a child process forked from a fiber: that fiber (it runs as this plain thread now).
+    static FORKED: Cell<*const FiberRecord> = const { Cell::new(ptr::null()) };
 }
 
 #[derive(Clone, Copy)]
@@ -76,6 +78,33 @@ pub(crate) fn carrier() -> *const CarrierState {
 pub(crate) unsafe fn set_carrier(c: *const CarrierState, running: *const Running) {
     CARRIER.with(|cell| cell.set(c));
     RUNNING.with(|cell| cell.set(running));
+}
+
+/// Called in a child process right after `fork`, on its only thread (the forking one): if that
+/// thread is a carrier, it stops being one. Its runtime has no other thread here, and its epoll
+/// sets and eventfds are the parent's own kernel objects: a carrier loop here would sleep in
+/// them and take the parent's wake-ups. So the fiber that forked goes on as a plain thread —
+/// its spawns go to the child's fresh default runtime, its waits block the thread — and
+/// `fiber_loop` ends the child when it returns (`is_forked_fiber`).
+///
+/// Async-signal-safe (the child of a multithreaded process may call only such): const-initialised
+/// thread-locals without destructors, read and written in place.
+pub(crate) fn forget_carrier_after_fork() {
+    let running = RUNNING.with(Cell::get);
+    if running.is_null() {
+        return;
+    }
+    // SAFETY: a non-null pointer refers to the `Running` cell of the carrier on this thread's
+    // stack (see `running_fiber_here`); in the child that stack is this thread's copy.
+    FORKED.with(|cell| cell.set(unsafe { (*running).get() }));
+    CARRIER.with(|cell| cell.set(ptr::null()));
+    RUNNING.with(|cell| cell.set(ptr::null()));
+}
+
+/// Whether `me` is the fiber that called `fork` in this (child) process.
+#[inline(never)]
+pub(crate) fn is_forked_fiber(me: *const FiberRecord) -> bool {
+    std::ptr::eq(std::hint::black_box(FORKED.with(Cell::get)), me)
 }
 
 /// The fiber being unwound by a runtime's drop on this thread, or null.

@@ -49,6 +49,9 @@ fn fiber_loop(y: &FiberYielder, mut me: *const FiberRecord) {
         // SAFETY: the stage holds the closure of the fiber spawned with this vtable (a record
         // is resumed for a new fiber once, at its first run), consumed here.
         unsafe { (rec.vtable.get().run)(rec) };
+        if crate::platform::forks() != 0 && context::is_forked_fiber(me) {
+            end_forked_child(rec);
+        }
         if catch_unwind(AssertUnwindSafe(|| rec.locals.clear())).is_err() {
             eprintln!(
                 "virtual-threads: a fiber_local! destructor panicked; aborting (as std does for thread_local!)"
@@ -62,6 +65,18 @@ fn fiber_loop(y: &FiberYielder, mut me: *const FiberRecord) {
         }
         me = y.suspend(Suspend::Finished);
     }
+}
+
+/// The fiber that called `fork` returned in the child, where it ran as the only thread
+/// (`context::forget_carrier_after_fork`): nobody there can join it, and its carrier's loop must
+/// not run (it would run the parent's fibers' copies). The child ends as a program whose `main`
+/// returned: status 0, or 101 after a panic (already reported by the panic hook).
+#[cold]
+fn end_forked_child(rec: &FiberRecord) -> ! {
+    // SAFETY: the stage holds this fiber's result (`run` just put it), and nobody else in this
+    // process can take it: its joiner, if any, is a copy of a fiber that never runs here.
+    let panicked = unsafe { (rec.vtable.get().drop_result)(rec) };
+    std::process::exit(if panicked { 101 } else { 0 })
 }
 
 /// A fiber's closure, run on its coroutine: its panic caught, its result put in the stage.

@@ -10,7 +10,8 @@
 //!    not ready, skip straight to 3 (the last call already said `EAGAIN` and nothing has
 //!    arrived since).
 //! 2. Make the call. Anything but `EAGAIN` is the result; a stream read or write that moved
-//!    less than asked also clears the readiness bit (the buffer ran dry).
+//!    less than asked also clears the readiness bit (the buffer ran dry), but not an end of
+//!    stream, hang-up or error that came with the data: the next call still runs and sees it.
 //! 3. `EAGAIN`: register the socket if this is its first wait (edge-triggered; the kernel
 //!    reports its current readiness on registration), clear the bit (only if no event arrived
 //!    since the snapshot taken before 2), and park until the reactor sets it again, the deadline
@@ -31,7 +32,7 @@ use std::time::{Duration, Instant};
 
 use crate::fiber::context;
 use crate::platform::net::{self as sys, Direction};
-use crate::scheduler::reactor::registration::{Registration, Wait};
+use crate::scheduler::reactor::registration::{Learnt, Registration, Wait};
 
 /// How the calling code waits for readiness.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -57,7 +58,8 @@ impl Waiter {
 }
 
 /// Whether a successful operation drained the buffer it worked on (then the readiness bit is
-/// cleared at once, saving the `EAGAIN` round trip the next call would make).
+/// cleared at once, saving the `EAGAIN` round trip the next call would make; an end of stream or
+/// error delivered with the data stays, see `scheduler/reactor/registration.rs`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Drained {
     Yes,
@@ -220,12 +222,12 @@ impl<S: AsFd> IoSource<S> {
                 match f(&self.sock) {
                     Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
                         if let (Some(r), Some(s)) = (reg, seen) {
-                            r.readiness().clear(s);
+                            r.readiness().clear(s, Learnt::WouldBlock);
                         }
                     }
                     Ok(v) => {
                         if let (Some(r), Some(s), Drained::Yes) = (reg, seen, drained(&v)) {
-                            r.readiness().clear(s);
+                            r.readiness().clear(s, Learnt::Drained);
                         }
                         return Ok(v);
                     }

@@ -10,6 +10,7 @@ pub(crate) mod thread;
 
 use std::io;
 use std::sync::OnceLock;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 /// `MADV_GUARD_INSTALL` (Linux 6.13, uapi `asm-generic/mman-common.h`); libc 0.2 does not export it.
 const MADV_GUARD_INSTALL: libc::c_int = 102;
@@ -40,8 +41,7 @@ pub(crate) fn page_size() -> usize {
 
 /// Reserves `len` bytes of read-write address space that the kernel commits lazily, page by
 /// page, as it is touched (`MAP_NORESERVE`), with transparent huge pages turned off: a parked
-/// fiber that touched one page must cost one page, not 2 MiB (measured: THP inflated a parked
-/// fiber from 4 KiB to 60+ KiB).
+/// fiber that touched one page must cost one page, not a share of a 2 MiB huge page.
 pub(crate) fn reserve(len: usize) -> io::Result<*mut u8> {
     // SAFETY: an anonymous private mapping at an address of the kernel's choosing aliases no
     // existing memory; the result is checked against MAP_FAILED.
@@ -128,10 +128,36 @@ pub(crate) fn gettid() -> i32 {
     unsafe { libc::gettid() }
 }
 
+/// Whether a write to stderr can still succeed: false once fd 2 is a pipe or socket whose reader
+/// has gone (a write would fail with `EPIPE`); a file or a terminal is always writable here.
+pub(crate) fn stderr_writable() -> bool {
+    let mut fd = libc::pollfd { fd: 2, events: libc::POLLOUT, revents: 0 };
+    // SAFETY: one valid pollfd for the call; a timeout of 0 returns at once.
+    let n = unsafe { libc::poll(&mut fd, 1, 0) };
+    n < 0 || fd.revents & (libc::POLLERR | libc::POLLHUP | libc::POLLNVAL) == 0
+}
+
 /// Clock ticks per second of procfs' CPU times (`sysconf(_SC_CLK_TCK)`; -1 if unknown).
 pub(crate) fn clock_ticks_per_sec() -> libc::c_long {
     // SAFETY: sysconf has no preconditions.
     unsafe { libc::sysconf(libc::_SC_CLK_TCK) }
+}
+
+/// Processes forked so far in this process's line (bumped in the child by the runtime's
+/// `pthread_atfork` handler, `count_fork`): whatever was built before a fork — a runtime, its
+/// epoll sets — remembers the count it was built at, and has no threads in the child.
+static FORKS: AtomicU64 = AtomicU64::new(0);
+
+/// Called by the child handler only (async-signal-safe: one atomic add).
+pub(crate) fn count_fork() {
+    FORKS.fetch_add(1, Ordering::Relaxed);
+}
+
+/// See `FORKS`. Relaxed: the count changes only in a child's single thread, before anything
+/// else runs there.
+#[inline]
+pub(crate) fn forks() -> u64 {
+    FORKS.load(Ordering::Relaxed)
 }
 
 /// Runs `handler` in the child after every `fork`.

@@ -7,6 +7,7 @@
 //! `arch/overview.md` and `arch/scheduler.md` "Shutdown".
 
 pub mod builder;
+pub(crate) mod inspect;
 pub(crate) mod metrics;
 pub(crate) mod spawn;
 
@@ -14,9 +15,7 @@ use std::fmt;
 use std::io;
 use std::panic::{Location, resume_unwind};
 use std::sync::OnceLock;
-use std::sync::atomic::{AtomicPtr, AtomicU64, Ordering};
-
-use crate::loom::StdMutex as Mutex;
+use std::sync::atomic::{AtomicPtr, Ordering};
 use std::thread;
 
 pub use builder::Builder;
@@ -25,6 +24,7 @@ use crate::fiber::join::JoinHandle;
 use crate::fiber::park::{WaitOnUnwind, finished};
 use crate::fiber::schedule::RuntimeRef;
 use crate::fiber::wait::WaitReason;
+use crate::loom::StdMutex as Mutex;
 use crate::runtime::spawn::Builder as FiberBuilder;
 use crate::scheduler::Shared;
 use crate::scheduler::config::{Affinity, Config};
@@ -41,7 +41,7 @@ pub struct Runtime {
 #[derive(Clone)]
 pub struct Handle {
     rt: RuntimeRef,
-    /// `FORKS` when the runtime was built (see `check_not_forked`).
+    /// `platform::forks()` when the runtime was built (see `check_not_forked`).
     forks: u64,
 }
 
@@ -150,6 +150,28 @@ impl Runtime {
 }
 
 impl Handle {
+    /// `let h = vt::Handle::current();`: the runtime the calling fiber runs on, or the
+    /// process-wide default runtime on a plain thread (started if it has not been). A program on
+    /// the default runtime reaches its [`metrics`](Handle::metrics) and [`dump`](Handle::dump)
+    /// this way (or through [`vt::metrics`](crate::metrics) and [`vt::dump`](crate::dump)).
+    ///
+    /// ```
+    /// use virtual_threads as vt;
+    ///
+    /// let rt = vt::Runtime::builder().carriers(1).build()?;
+    /// // From a fiber: its own runtime.
+    /// let carriers = rt.block_on(|| vt::Handle::current().metrics().carriers_target);
+    /// assert_eq!(carriers, 1);
+    /// // From a plain thread: the default runtime.
+    /// let spawned = vt::Handle::current().metrics().fibers_spawned;
+    /// vt::spawn(|| ()).join().unwrap();
+    /// assert!(vt::Handle::current().metrics().fibers_spawned > spawned);
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
+    pub fn current() -> Handle {
+        with_current_runtime(|rt| Handle { rt: rt.clone(), forks: forks() })
+    }
+
     /// Spawns a fiber on the runtime.
     ///
     /// # Panics
@@ -256,17 +278,18 @@ impl Drop for Runtime {
     }
 }
 
-/// Processes forked so far in this process's line (bumped in the child by a `pthread_atfork`
-/// handler): a runtime remembers the count it was built at, and one built before a fork has
-/// no threads in the child.
-static FORKS: AtomicU64 = AtomicU64::new(0);
-
+/// The `pthread_atfork` child handler, run on the child's only thread, the one that called
+/// `fork`. It counts the fork (a runtime built before it has no threads here), and if that
+/// thread is a carrier, makes it a plain thread: the fiber that forked goes on as the child's
+/// program, and neither it nor its carrier's loop may touch the parent's runtime again (its
+/// epoll sets and eventfds are shared with the parent: `fiber::context::forget_carrier_after_fork`).
 extern "C" fn after_fork_in_child() {
-    FORKS.fetch_add(1, Ordering::Relaxed);
+    crate::platform::count_fork();
+    crate::fiber::context::forget_carrier_after_fork();
 }
 
 pub(crate) fn forks() -> u64 {
-    FORKS.load(Ordering::Relaxed)
+    crate::platform::forks()
 }
 
 /// Panics if `h`'s runtime was built before a `fork` (in the parent: its carriers do not exist

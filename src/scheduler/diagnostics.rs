@@ -341,7 +341,7 @@ pub(crate) fn check_deadlock(rt: &Shared) -> bool {
         return false;
     }
     let started = rt.started();
-    if rt.slots[..started].iter().any(|s| {
+    if rt.slots.upto(started).any(|s| {
         !s.location.load(Ordering::SeqCst).is_null()
             || s.home_len.load(Ordering::Relaxed) > 0
             || !s.inbox.is_empty()
@@ -427,7 +427,7 @@ pub(crate) fn report_saturation(rt: &Shared) {
     // Where each carrier's fiber was spawned, or entered `vt::blocking`: the carrier's own
     // record of it, kept even with fiber roots off.
     let mut sites: Vec<(&'static Location<'static>, usize)> = Vec::new();
-    for slot in &rt.slots[..rt.started()] {
+    for slot in rt.slots.upto(rt.started()) {
         let loc = slot.location.load(Ordering::Acquire);
         if loc.is_null() {
             continue;
@@ -485,14 +485,19 @@ pub(crate) fn install_panic_hook() {
             let name = rec.name().map(|n| format!(" {n:?}")).unwrap_or_default();
             let carrier = std::thread::current();
             let carrier = carrier.name().unwrap_or("<unnamed>");
-            // One write, so that the line stays whole among other threads' output; an error
-            // writing to stderr is no reason to abort (a panic in the hook would).
+            // One write, so that the line stays whole among other threads' output. Through
+            // `eprint!`, as std's own panic message goes, so that a test harness capturing the
+            // thread's output (libtest) captures this line with it: a passing test that provokes
+            // a panic prints neither. `eprint!` panics if stderr fails, and a panic in the hook
+            // aborts: skip the line where stderr can no longer be written (a closed pipe).
             let line = format!(
                 "fiber {}{name} (spawned at {}) panicked on carrier thread '{carrier}':\n",
                 rec.id(),
                 rec.spawned_at()
             );
-            let _ = std::io::Write::write_all(&mut std::io::stderr(), line.as_bytes());
+            if crate::platform::stderr_writable() {
+                eprint!("{line}");
+            }
         }
         previous(info)
     }));

@@ -10,8 +10,10 @@
 //! the slots it never starts).
 //!
 //! A set is read by its owner, except when the owner cannot: a carrier blocked in the OS (the
-//! supervisor and idle carriers poll its set without blocking, as they fire its timers), and a
-//! retired spare (it sleeps in `epoll_wait` on its own set rather than in a thread park). A fiber
+//! supervisor and idle carriers poll its set without blocking, as they fire its timers), a
+//! carrier computing in one fiber with no switch point (the supervisor reads every set whose
+//! owner has not polled it since its last tick), and a retired spare (it sleeps in `epoll_wait`
+//! on its own set rather than in a thread park). A fiber
 //! woken by a carrier other than its home goes to its home's inbox, as any cross-carrier wake,
 //! so a socket shared between fibers of two homes, or a migrated fiber, is served correctly.
 //!
@@ -33,15 +35,15 @@ pub(crate) mod registration;
 
 use std::io;
 use std::os::fd::{AsRawFd, OwnedFd};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, MutexGuard, OnceLock};
-
-use crate::loom::StdMutex as Mutex;
 use std::time::Duration;
 
+use super::lazy_table::LazyTable;
 use crate::fiber::handle::Fiber;
+use crate::loom::StdMutex as Mutex;
 use crate::platform::epoll;
-use registration::Readiness;
+use registration::{Event, Readiness};
 
 /// The eventfd's token; registrations use any other value (addresses are never `u64::MAX`).
 const WAKE_TOKEN: u64 = u64::MAX;
@@ -60,10 +62,20 @@ const EPOLLET: u32 = libc::EPOLLET as u32;
 const READ_EVENTS: u32 = EPOLLIN | EPOLLRDHUP | EPOLLPRI | EPOLLHUP | EPOLLERR;
 /// Events that let a write-side operation make progress (room, a finished connect, an error).
 const WRITE_EVENTS: u32 = EPOLLOUT | EPOLLHUP | EPOLLERR;
+/// Events after which a read-side call does not block until one says `EAGAIN` (end of stream,
+/// hang-up, a pending error): a short read must not clear them (`registration.rs`).
+const READ_HUP_EVENTS: u32 = EPOLLRDHUP | EPOLLHUP | EPOLLERR;
+/// The same for a write-side call.
+const WRITE_HUP_EVENTS: u32 = EPOLLHUP | EPOLLERR;
 
 /// The carriers' poll sets, one slot per carrier slot (`None` until that carrier starts).
 pub(crate) struct Reactor {
-    sets: Box<[OnceLock<PollSet>]>,
+    /// Made in chunks as carriers start (`LazyTable`): `max_carriers` may be large.
+    sets: LazyTable<OnceLock<PollSet>>,
+    /// `platform::forks()` when the runtime was built. In a child forked since, the sets are the
+    /// parent's kernel objects (an epoll set and an eventfd are shared across `fork`, unlike
+    /// memory): the child must not change them or signal them (`forked`).
+    forks: u64,
 }
 
 /// One carrier's epoll set.
@@ -77,6 +89,9 @@ struct PollSet {
     released: Mutex<Vec<Arc<Readiness>>>,
     /// `released` is not empty (a hint, so that polls skip its lock).
     has_released: AtomicBool,
+    /// Polls by the owner so far: the supervisor reads the sets whose owner has not polled
+    /// since its last look (a carrier computing in one fiber, or blocked in the OS).
+    owner_polls: AtomicU64,
 }
 
 /// A poller's reusable buffers.
@@ -89,12 +104,19 @@ struct PollBuffers {
 impl Reactor {
     /// Room for `slots` sets; opens none.
     pub(crate) fn new(slots: usize) -> Reactor {
-        Reactor { sets: (0..slots).map(|_| OnceLock::new()).collect() }
+        Reactor { sets: LazyTable::new(slots), forks: crate::platform::forks() }
+    }
+
+    /// Whether this is a copy in a child forked after the runtime was built: its sets belong to
+    /// the parent.
+    pub(crate) fn forked(&self) -> bool {
+        crate::platform::forks() != self.forks
     }
 
     /// Opens carrier `i`'s set, unless it is open. Called before the carrier's thread starts.
     pub(crate) fn open(&self, i: usize) -> io::Result<()> {
-        if self.sets[i].get().is_some() {
+        let slot = self.sets.get_or_make(i, |_| OnceLock::new());
+        if slot.get().is_some() {
             return Ok(());
         }
         let ep = epoll::epoll_create()?;
@@ -102,7 +124,7 @@ impl Reactor {
         epoll::epoll_add(&ep, waker.as_raw_fd(), EPOLLIN | EPOLLET, WAKE_TOKEN)?;
         // Slots are started under the runtime's `threads` lock, so no one races this; a loser
         // would only close its spare descriptors.
-        let _ = self.sets[i].set(PollSet {
+        let _ = slot.set(PollSet {
             ep,
             waker,
             buffers: Mutex::new(PollBuffers {
@@ -111,12 +133,13 @@ impl Reactor {
             }),
             released: Mutex::new(Vec::new()),
             has_released: AtomicBool::new(false),
+            owner_polls: AtomicU64::new(0),
         });
         Ok(())
     }
 
     fn set(&self, i: usize) -> &PollSet {
-        self.sets[i].get().expect("a started carrier's poll set is open")
+        self.sets.get(i).and_then(OnceLock::get).expect("a started carrier's poll set is open")
     }
 
     /// The owner's poll: waits up to `timeout` (`None`: until woken) for readiness on carrier
@@ -132,16 +155,27 @@ impl Reactor {
     /// anyway): the owner's periodic poll, or a helper's for an owner blocked in the OS.
     /// `owner`: the caller is carrier `i` (a helper passes the eventfd's wake on to it).
     pub(crate) fn try_poll(&self, i: usize, owner: bool) -> usize {
-        let Some(set) = self.sets[i].get() else { return 0 };
+        let Some(set) = self.sets.get(i).and_then(OnceLock::get) else { return 0 };
         match set.buffers.try_lock() {
             Ok(mut b) => set.poll(&mut b, Some(Duration::ZERO), owner),
             Err(_) => 0,
         }
     }
 
+    /// How many times carrier `i` has polled its own set (0 for a set not open).
+    pub(crate) fn owner_polls(&self, i: usize) -> u64 {
+        // Relaxed: a hint; a stale count costs one needless (non-blocking) poll, or delays one
+        // by a supervisor tick.
+        self.sets.get(i).and_then(OnceLock::get).map_or(0, |s| s.owner_polls.load(Ordering::Relaxed))
+    }
+
     /// Interrupts carrier `i` blocked in `epoll_wait` on its set.
     pub(crate) fn wake(&self, i: usize) {
-        if let Some(set) = self.sets[i].get() {
+        if self.forked() {
+            // A stale unpark in a forked child: the eventfd is the parent's carrier's.
+            return;
+        }
+        if let Some(set) = self.sets.get(i).and_then(OnceLock::get) {
             epoll::eventfd_signal(&set.waker);
         }
     }
@@ -158,6 +192,14 @@ impl Reactor {
     /// until no event carrying its token can be in flight (step 1 in the module docs).
     pub(crate) fn deregister(&self, i: usize, fd: i32, readiness: &Arc<Readiness>) {
         let set = self.set(i);
+        if self.forked() {
+            // A socket copied into a forked child: `DEL` would take the parent's descriptor out
+            // of the parent's set (the set is keyed by the open file, which both share), and the
+            // state must outlive any event the parent's poll may still carry for it in its copy of
+            // memory — which is not ours. Leak ours.
+            std::mem::forget(Arc::clone(readiness));
+            return;
+        }
         if epoll::epoll_del(&set.ep, fd).is_err() {
             // The descriptor was closed behind the socket's back (an I/O-safety violation by
             // someone): if a duplicate of it lives on, the kernel may keep reporting the token
@@ -179,6 +221,11 @@ impl PollSet {
     /// signals the eventfd again, or that wake would be lost (seen as a hang under valgrind,
     /// whose slowness makes the supervisor catch carriers often).
     fn poll(&self, buffers: &mut PollBuffers, timeout: Option<Duration>, owner: bool) -> usize {
+        if owner {
+            // Only the owner writes it (under `buffers`): a load and a store, no locked add.
+            self.owner_polls
+                .store(self.owner_polls.load(Ordering::Relaxed).wrapping_add(1), Ordering::Relaxed);
+        }
         // Step 2 of the deregistration protocol: no event for these can still be pending.
         // Acquire pairs with the Release store in `deregister`.
         if self.has_released.load(Ordering::Acquire) {
@@ -212,7 +259,9 @@ impl PollSet {
             // the socket's `Arc` keeps it alive until `deregister`, then `released` until the
             // start of a later poll of this set than this one (steps 1 and 2 in the module docs).
             let readiness = unsafe { &*(token as *const Readiness) };
-            readiness.deliver(bits & READ_EVENTS != 0, bits & WRITE_EVENTS != 0, woken);
+            let read = Event { ready: bits & READ_EVENTS != 0, hup: bits & READ_HUP_EVENTS != 0 };
+            let write = Event { ready: bits & WRITE_EVENTS != 0, hup: bits & WRITE_HUP_EVENTS != 0 };
+            readiness.deliver(read, write, woken);
         }
         let count = woken.len();
         // Unpark outside every registration's lock: a fiber at home on the polling carrier goes

@@ -3,17 +3,23 @@
 //!
 //! # The readiness word
 //! ```text
-//!  63                                   16 15        3   2        1          0
-//! ┌───────────────────────────────────────┬───────────┬────────┬──────────┬──────────┐
-//! │ tick: events delivered so far (wraps) │  unused   │ CLOSED │ WRITABLE │ READABLE │
-//! └───────────────────────────────────────┴───────────┴────────┴──────────┴──────────┘
+//!  63                                   16 15      5    4          3          2        1          0
+//! ┌───────────────────────────────────────┬─────────┬──────────┬──────────┬────────┬──────────┬──────────┐
+//! │ tick: events delivered so far (wraps) │ unused  │ WRITE_HUP│ READ_HUP │ CLOSED │ WRITABLE │ READABLE │
+//! └───────────────────────────────────────┴─────────┴──────────┴──────────┴────────┴──────────┴──────────┘
 //! ```
-//! The reactor *sets* direction bits and bumps the tick for every event (`deliver`). An operation
-//! *clears* its direction bit only when its system call said `EAGAIN` (or a stream read/write
-//! moved less than asked, which means the buffer ran dry), and only if the tick is still the one
-//! it saw *before* that system call (`clear`). So an event that arrives between the failed call
-//! and the clear survives, and the wait that follows returns at once: no wake-up is lost (tokio's
-//! `ScheduledIo` idea; the full argument is in `arch/io.md`).
+//! The reactor *sets* bits and bumps the tick for every event (`deliver`): `READABLE` and
+//! `WRITABLE` for any event that may let that direction progress, and `READ_HUP`/`WRITE_HUP`
+//! for the states that no later call can undo — the peer's end of stream (`EPOLLRDHUP`), a
+//! hang-up or a pending error — which mean "the call will not block". An operation *clears*
+//! bits only if the tick is still the one it saw *before* its system call (`clear`), so an event
+//! that arrives between the call and the clear survives, and the wait that follows returns at
+//! once. What it clears depends on what it learnt: `EAGAIN` proves the direction blocks now, so
+//! both of its bits go; a stream read or write that moved less than asked proves only that the
+//! *buffer* ran dry, so only `READABLE`/`WRITABLE` go, and an end of stream or an error that came
+//! in the same event as the data is still seen by the next call. No wake-up is lost (tokio's
+//! `ScheduledIo` idea, whose `READ_CLOSED` survives the same way; the full argument is in
+//! `arch/io.md`).
 //!
 //! # Waiters
 //! Fibers wait in two small lists (readers, writers) under a mutex, on the heap, never on their
@@ -37,6 +43,12 @@ const READABLE: u64 = 1 << 0;
 const WRITABLE: u64 = 1 << 1;
 /// The socket was closed (or the registration dropped): every wait fails from now on.
 const CLOSED: u64 = 1 << 2;
+/// The peer ended its stream, the connection hung up, or an error is pending: a read returns at
+/// once (data, end of stream or the error). Cleared only by `EAGAIN`.
+const READ_HUP: u64 = 1 << 3;
+/// The connection hung up or an error is pending: a write returns at once. Cleared only by
+/// `EAGAIN`.
+const WRITE_HUP: u64 = 1 << 4;
 const TICK_SHIFT: u32 = 16;
 const FLAGS: u64 = (1 << TICK_SHIFT) - 1;
 
@@ -45,6 +57,39 @@ fn bit(dir: Direction) -> u64 {
         Direction::Read => READABLE,
         Direction::Write => WRITABLE,
     }
+}
+
+/// The direction's final-state bit (see the module docs).
+fn hup(dir: Direction) -> u64 {
+    match dir {
+        Direction::Read => READ_HUP,
+        Direction::Write => WRITE_HUP,
+    }
+}
+
+/// The bits that say a call in `dir` may make progress.
+fn ready_mask(dir: Direction) -> u64 {
+    bit(dir) | hup(dir)
+}
+
+/// What a direction's event carries, for [`Readiness::deliver`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Event {
+    /// The direction may make progress.
+    pub(crate) ready: bool,
+    /// ... and will never block again until a call says `EAGAIN` (end of stream, hang-up,
+    /// pending error).
+    pub(crate) hup: bool,
+}
+
+/// What an operation learnt about its direction, for [`Readiness::clear`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Learnt {
+    /// The call said `EAGAIN`: the direction blocks now.
+    WouldBlock,
+    /// A stream transfer moved less than asked: the buffer ran dry, which says nothing about an
+    /// end of stream or an error queued behind the data.
+    Drained,
 }
 
 /// The readiness word as one operation saw it before its system call.
@@ -57,7 +102,7 @@ pub(crate) struct Snapshot {
 impl Snapshot {
     /// The last event said `dir` may make progress (or nothing has cleared it since).
     pub(crate) fn is_ready(self) -> bool {
-        self.word & bit(self.dir) != 0
+        self.word & ready_mask(self.dir) != 0
     }
 
     pub(crate) fn is_closed(self) -> bool {
@@ -115,10 +160,14 @@ impl Readiness {
         Snapshot { word: self.word.load(Ordering::Acquire), dir }
     }
 
-    /// The system call behind `seen` found nothing to do: clear the direction's bit, unless an
-    /// event arrived since `seen` was taken (the tick moved), which the caller must not miss.
-    pub(crate) fn clear(&self, seen: Snapshot) {
-        let b = bit(seen.dir);
+    /// The system call behind `seen` found nothing to do (`WouldBlock`), or a stream transfer
+    /// drained its buffer (`Drained`): clear what that proves, unless an event arrived since
+    /// `seen` was taken (the tick moved), which the caller must not miss.
+    pub(crate) fn clear(&self, seen: Snapshot, learnt: Learnt) {
+        let b = match learnt {
+            Learnt::WouldBlock => ready_mask(seen.dir),
+            Learnt::Drained => bit(seen.dir),
+        };
         let tick = seen.word >> TICK_SHIFT;
         // Relaxed is enough: the CAS compares the whole word, tick included, so it can only
         // succeed against the very value the caller saw.
@@ -129,8 +178,13 @@ impl Readiness {
 
     /// An event arrived: set the ready bits and bump the tick, then move the woken waiters into
     /// `woken` (the caller unparks them after this returns, outside the lock).
-    pub(crate) fn deliver(&self, read: bool, write: bool, woken: &mut Vec<Fiber>) {
-        let bits = if read { READABLE } else { 0 } | if write { WRITABLE } else { 0 };
+    pub(crate) fn deliver(&self, read: Event, write: Event, woken: &mut Vec<Fiber>) {
+        let set = |e: Event, dir| match (e.ready, e.hup) {
+            (_, true) => ready_mask(dir),
+            (true, false) => bit(dir),
+            (false, false) => 0,
+        };
+        let bits = set(read, Direction::Read) | set(write, Direction::Write);
         // AcqRel: the waiter's re-check under the lock must see this update; the lock taken
         // below orders it (update, then lock/unlock here; lock, then load there).
         let _ = self.word.fetch_update(Ordering::AcqRel, Ordering::Relaxed, |w| {
@@ -138,10 +192,10 @@ impl Readiness {
             Some((tick << TICK_SHIFT) | (w & FLAGS) | bits)
         });
         let mut w = self.lock();
-        if read {
+        if bits & ready_mask(Direction::Read) != 0 {
             woken.append(&mut w.readers);
         }
-        if write {
+        if bits & ready_mask(Direction::Write) != 0 {
             woken.append(&mut w.writers);
         }
     }
@@ -172,7 +226,7 @@ impl Readiness {
                 if word & CLOSED != 0 {
                     return Wait::Closed;
                 }
-                if word & bit(dir) != 0 {
+                if word & ready_mask(dir) != 0 {
                     return Wait::Ready;
                 }
                 if deadline.is_some_and(|d| Instant::now() >= d) {
@@ -237,12 +291,12 @@ impl Registration {
         !c.is_null() && std::ptr::eq(unsafe { (*c).shared() }, self.rt.ptr())
     }
 
-    /// Whether the registration's runtime has been shut down: no carrier polls its reactor any
-    /// more, so waits must not rely on it.
+    /// Whether the registration's runtime has been shut down, or this is a child forked since
+    /// it was built: no carrier polls its reactor (here), so waits must not rely on it.
     pub(crate) fn is_orphaned(&self) -> bool {
         // Relaxed: a stale `false` means one more wait on the reactor, which the runtime's
         // shutdown unwinds (same-runtime fiber) or which is the documented cross-runtime gap.
-        self.rt.shutdown.load(Ordering::Relaxed)
+        self.rt.shutdown.load(Ordering::Relaxed) || self.rt.reactor.forked()
     }
 }
 
@@ -266,23 +320,48 @@ impl std::fmt::Debug for Registration {
 mod tests {
     use super::*;
 
+    const READ: Event = Event { ready: true, hup: false };
+    const NONE: Event = Event { ready: false, hup: false };
+
     #[test]
     fn clear_keeps_an_event_that_arrived_after_the_snapshot() {
         let r = Readiness::default();
         let mut woken = Vec::new();
-        r.deliver(true, false, &mut woken);
+        r.deliver(READ, NONE, &mut woken);
         let seen = r.snapshot(Direction::Read);
         assert!(seen.is_ready());
         // The reactor delivers again between the failed syscall and the clear.
-        r.deliver(true, false, &mut woken);
-        r.clear(seen);
+        r.deliver(READ, NONE, &mut woken);
+        r.clear(seen, Learnt::WouldBlock);
         assert!(r.snapshot(Direction::Read).is_ready(), "a newer event must survive the clear");
         // With no newer event, the clear sticks, and touches only its own direction.
-        r.deliver(false, true, &mut woken);
+        r.deliver(NONE, Event { ready: true, hup: false }, &mut woken);
         let seen = r.snapshot(Direction::Read);
-        r.clear(seen);
+        r.clear(seen, Learnt::WouldBlock);
         assert!(!r.snapshot(Direction::Read).is_ready());
         assert!(r.snapshot(Direction::Write).is_ready());
+    }
+
+    /// Data and the peer's end of stream in one event: the short read that takes the data clears
+    /// only "data may be there"; the next read must still be tried (it returns `Ok(0)`), or it
+    /// would wait for an event that already came. Only `EAGAIN` takes the end of stream back.
+    #[test]
+    fn a_short_read_keeps_an_end_of_stream_that_came_with_the_data() {
+        let r = Readiness::default();
+        let mut woken = Vec::new();
+        r.deliver(Event { ready: true, hup: true }, NONE, &mut woken);
+        let seen = r.snapshot(Direction::Read);
+        r.clear(seen, Learnt::Drained);
+        assert!(r.snapshot(Direction::Read).is_ready(), "the end of stream was lost");
+        assert_eq!(r.wait(Direction::Read, None), Wait::Ready);
+        let seen = r.snapshot(Direction::Read);
+        r.clear(seen, Learnt::WouldBlock);
+        assert!(!r.snapshot(Direction::Read).is_ready());
+        // A drained write keeps a hang-up the same way.
+        r.deliver(NONE, Event { ready: true, hup: true }, &mut woken);
+        let seen = r.snapshot(Direction::Write);
+        r.clear(seen, Learnt::Drained);
+        assert!(r.snapshot(Direction::Write).is_ready(), "the hang-up was lost");
     }
 
     #[test]

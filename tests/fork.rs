@@ -1,0 +1,177 @@
+//! `fork()` called from inside a fiber. The child's only thread is a copy of the forking
+//! carrier, and it shares the parent's epoll sets and eventfds (kernel objects, not memory): it
+//! must never read them, or it takes the parent's wake-ups, nor change them. The parent's
+//! runtime must go on as if nothing happened; the child gets a fresh default runtime, as after a
+//! fork from a plain thread.
+//!
+//! The test re-executes this binary (rayon's pattern) so that it forks a process running only
+//! this test.
+
+use std::io::{Read, Write};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::process::Command;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use virtual_threads as vt;
+use vt::net::TcpStream;
+
+const CHILD: &str = "VT_FORK_CHILD";
+/// How long any one step may take before it counts as lost (generous: CI is a loaded machine).
+const STEP: Duration = Duration::from_secs(20);
+
+/// What the forked child reports through its exit status.
+const CHILD_SAME_THREAD: i32 = 11;
+const CHILD_PANICKED: i32 = 101;
+
+/// Waits for the child `pid` up to `limit`; kills it and returns `None` if it is still running.
+fn wait_child(pid: libc::pid_t, limit: Duration) -> Option<i32> {
+    let t = Instant::now();
+    loop {
+        let mut status = 0;
+        // SAFETY: `pid` is our child; `status` is a valid out-pointer.
+        let r = unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) };
+        if r == pid {
+            assert!(libc::WIFEXITED(status), "the child died: status {status:#x}");
+            return Some(libc::WEXITSTATUS(status));
+        }
+        if t.elapsed() > limit {
+            // SAFETY: `pid` is our child.
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+fn pipe() -> (OwnedFd, OwnedFd) {
+    let mut fds = [0; 2];
+    // SAFETY: `fds` is a valid array of two descriptors to fill.
+    assert_eq!(unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC | libc::O_NONBLOCK) }, 0);
+    // SAFETY: both descriptors were just opened and are owned by nobody else.
+    unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) }
+}
+
+/// Whether the write end of the pipe `r` has been closed (read returns end of file).
+fn closed(r: &OwnedFd) -> bool {
+    let mut b = [0u8; 1];
+    // SAFETY: `b` is a valid buffer of one byte; the descriptor is open.
+    unsafe { libc::read(r.as_raw_fd(), b.as_mut_ptr().cast(), 1) == 0 }
+}
+
+/// A fiber of a one-carrier runtime forks while that carrier's epoll set holds a socket. In the
+/// child, the forking fiber drops its copy of the socket, spawns a fiber, then sleeps in short
+/// steps until the parent is done, and returns. Meanwhile the parent spawns from a plain
+/// thread, unparks a parked fiber from it and wakes a fiber through the socket, 100 times each.
+/// Before: the child's copy of the carrier slept in the shared epoll set and took the parent's
+/// wake-ups (a step hung), its socket drop took the parent's socket out of the set, its spawn ran
+/// on the stale runtime (on the forking thread), and once its fiber returned, the stale carrier
+/// loop ran on in the child.
+#[test]
+fn fork_from_a_fiber_leaves_the_parent_running_and_the_child_on_a_fresh_runtime() {
+    if std::env::var(CHILD).is_err() {
+        let out = Command::new(std::env::current_exe().unwrap())
+            .args(["fork_from_a_fiber_leaves_the_parent_running_and_the_child_on_a_fresh_runtime", "--exact"])
+            .args(["--nocapture", "--test-threads=1"])
+            .env(CHILD, "1")
+            .output()
+            .expect("re-exec the test binary");
+        let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success() && stdout.contains("parent: ok"),
+            "{}\nstdout: {stdout}\nstderr: {stderr}",
+            out.status
+        );
+        return;
+    }
+    let rt = vt::Runtime::builder().carriers(1).dump_on_sigquit(true).build().unwrap();
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (done_r, done_w) = pipe();
+    let done_w_fd = done_w.as_raw_fd();
+    let forked = rt.spawn(move || {
+        let s = TcpStream::connect(addr).unwrap();
+        // One wait registers the socket with this carrier's epoll set.
+        s.set_read_timeout(Some(Duration::from_millis(1))).unwrap();
+        assert!((&s).read(&mut [0u8; 1]).is_err());
+        s.set_read_timeout(None).unwrap();
+        // SAFETY: the child only drops, spawns, joins, sleeps and returns (see the test's doc);
+        // the parent goes on.
+        let pid = unsafe { libc::fork() };
+        assert!(pid >= 0, "fork failed");
+        if pid > 0 {
+            return (pid, Some(s));
+        }
+        // The child's copy of the write end, so that the parent's close is an end of file here.
+        // SAFETY: the descriptor is open in this process and nothing here uses it.
+        unsafe { libc::close(done_w_fd) };
+        drop(s);
+        // SAFETY: gettid has no preconditions.
+        let me = unsafe { libc::gettid() };
+        // SAFETY: as above.
+        let other = vt::spawn(|| unsafe { libc::gettid() }).join().unwrap();
+        while !closed(&done_r) {
+            vt::sleep(Duration::from_millis(20));
+        }
+        if other == me {
+            std::process::exit(CHILD_SAME_THREAD);
+        }
+        (0, None)
+    });
+    let (pid, stream) = forked.join().unwrap();
+    let stream = Arc::new(stream.unwrap());
+    let (mut peer, _) = listener.accept().unwrap();
+    let (tx, rx) = mpsc::channel::<u32>();
+    let mut lost = None;
+    for round in 0..100u32 {
+        // A fiber spawned from a plain thread runs.
+        let t = tx.clone();
+        rt.spawn(move || t.send(round).unwrap());
+        if rx.recv_timeout(STEP).ok() != Some(round) {
+            lost = Some(format!("round {round}: a spawned fiber did not run"));
+            break;
+        }
+        // A parked fiber unparked from a plain thread runs.
+        let go = Arc::new(AtomicBool::new(false));
+        let (t, g) = (tx.clone(), go.clone());
+        let parked = rt.spawn(move || {
+            while !g.load(Ordering::Acquire) {
+                vt::park();
+            }
+            t.send(round).unwrap();
+        });
+        go.store(true, Ordering::Release);
+        parked.fiber().unpark();
+        if rx.recv_timeout(STEP).ok() != Some(round) {
+            lost = Some(format!("round {round}: an unparked fiber did not run"));
+            break;
+        }
+        // A fiber parked on the socket is woken by the peer's byte.
+        let (t, s) = (tx.clone(), stream.clone());
+        rt.spawn(move || {
+            let mut b = [0u8; 1];
+            (&*s).read_exact(&mut b).unwrap();
+            t.send(u32::from(b[0])).unwrap();
+        });
+        peer.write_all(&[round as u8]).unwrap();
+        if rx.recv_timeout(STEP).ok() != Some(round % 256) {
+            lost = Some(format!("round {round}: a fiber reading the socket was not woken"));
+            break;
+        }
+    }
+    drop(done_w);
+    let code = wait_child(pid, STEP);
+    if let Some(lost) = lost {
+        panic!("{lost} (the child: {code:?})");
+    }
+    match code {
+        Some(0) => {}
+        Some(CHILD_SAME_THREAD) => panic!("the child's spawn ran on the forking thread: the stale runtime"),
+        Some(CHILD_PANICKED) => panic!("the child's forking fiber panicked"),
+        Some(c) => panic!("the child exited with {c}"),
+        None => panic!("the child did not exit once its forking fiber returned"),
+    }
+    println!("parent: ok");
+}
