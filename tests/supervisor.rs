@@ -539,14 +539,17 @@ fn a_runtime_with_a_million_carrier_bound_builds_at_once_and_grows_on_demand() {
     let rt = vt::Runtime::builder().carriers(2).max_carriers(1_000_000).build().unwrap();
     let built = t.elapsed();
     assert!(built < Duration::from_secs(2), "built in {built:?}");
-    // 100 fibers in a barrier of 100 (blocking in the OS) need 100 carriers at once: slots
-    // past the first chunks are made as the carriers start.
-    let barrier = Arc::new(std::sync::Barrier::new(100));
+    // 100 fibers in a barrier of 100 (blocking in the OS, with or without the `hooks` feature)
+    // need 100 carriers at once: slots past the first chunks are made as the carriers start.
+    let arrived = Arc::new(AtomicUsize::new(0));
     let hs: Vec<_> = (0..100)
         .map(|_| {
-            let b = barrier.clone();
+            let a = arrived.clone();
             rt.spawn(move || {
-                b.wait();
+                a.fetch_add(1, Ordering::SeqCst);
+                while a.load(Ordering::SeqCst) < 100 {
+                    block_carrier(Duration::from_millis(1));
+                }
             })
         })
         .collect();

@@ -23,7 +23,7 @@ pub(super) struct Scavenger {
 }
 
 /// When the next scavenge is due, for every supervisor in the process.
-static NEXT_SCAVENGE: std::sync::Mutex<Option<Instant>> = std::sync::Mutex::new(None);
+static NEXT_SCAVENGE: crate::loom::StdMutex<Option<Instant>> = crate::loom::StdMutex::new(None);
 
 impl Scavenger {
     pub(super) fn new() -> Scavenger {
