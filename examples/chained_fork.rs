@@ -14,6 +14,8 @@ use vt::channel::oneshot;
 
 #[path = "common/args.rs"]
 mod args;
+#[path = "common/bench.rs"]
+mod bench;
 
 const ABOUT: &str = "workload W3 (benches/README.md): fiber i spawns fiber i + 1 and returns";
 
@@ -34,34 +36,21 @@ fn chained_fork(n: usize) -> usize {
 }
 
 fn main() {
-    let (n, iters, carriers) = parse_args().unwrap_or_else(|e| fail(&e));
-    let mut builder = vt::Runtime::builder();
-    if let Some(c) = carriers {
-        builder = builder.carriers(c);
-    }
-    let rt = builder.build().unwrap_or_else(|e| fail(&format!("cannot build the runtime: {e}")));
-    let warm_up = (iters / 10).max(2);
-    let mut secs: Vec<f64> = rt.block_on(|| {
-        let op = || {
-            let start = Instant::now();
-            let last = chained_fork(n);
-            let secs = start.elapsed().as_secs_f64();
-            if last != n {
-                fail(&format!("the chain ended at link {last}, expected {n}"));
-            }
-            secs
-        };
-        for _ in 0..warm_up {
-            op();
+    let (n, iters, carriers) = parse_args().unwrap_or_else(|e| bench::fail("chained_fork", &e));
+    let rt = bench::runtime("chained_fork", carriers);
+    let run = bench::run(&rt, iters, 2, || {
+        let start = Instant::now();
+        let last = chained_fork(n);
+        let secs = start.elapsed().as_secs_f64();
+        if last != n {
+            bench::fail("chained_fork", &format!("the chain ended at link {last}, expected {n}"));
         }
-        (0..iters).map(|_| op()).collect()
+        secs * 1e9 / n as f64
     });
-    secs.sort_by(f64::total_cmp);
-    let per = |s: f64| s * 1e9 / n as f64;
-    let (median, fastest, slowest) = (per(secs[iters / 2]), per(secs[0]), per(secs[iters - 1]));
+    let per = bench::spread(run.ops);
     let carriers = rt.carriers();
-    println!("chained_fork: {n} links per op, {carriers} carriers, {iters} ops ({warm_up} warm-up)");
-    println!("  per link {median:>8.1} ns  median (min {fastest:.1}, max {slowest:.1})");
+    println!("chained_fork: {n} links per op, {carriers} carriers, {iters} ops ({} warm-up)", run.warm_up);
+    println!("  per link {:>8.1} ns  median (min {:.1}, max {:.1})", per.median, per.min, per.max);
 }
 
 /// The flags; `--help` lists them.
@@ -76,10 +65,4 @@ fn parse_args() -> Result<(usize, usize, Option<usize>), String> {
         ],
     );
     Ok((a.positive("--n").unwrap(), a.positive("--iters").unwrap(), a.get("--carriers")))
-}
-
-/// Reports an error on stderr and exits with status 1.
-fn fail(message: &str) -> ! {
-    eprintln!("chained_fork: {message}");
-    std::process::exit(1)
 }

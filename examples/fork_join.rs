@@ -12,6 +12,8 @@ use virtual_threads as vt;
 
 #[path = "common/args.rs"]
 mod args;
+#[path = "common/bench.rs"]
+mod bench;
 
 const ABOUT: &str = "workload W1 (benches/README.md): spawn n fibers, join them in spawn order, sum";
 
@@ -22,36 +24,24 @@ fn fork_join(n: u64) -> u64 {
 }
 
 fn main() {
-    let (n, iters, carriers) = parse_args().unwrap_or_else(|e| fail(&e));
-    let mut builder = vt::Runtime::builder();
-    if let Some(c) = carriers {
-        builder = builder.carriers(c);
-    }
-    let rt = builder.build().unwrap_or_else(|e| fail(&format!("cannot build the runtime: {e}")));
+    let (n, iters, carriers) = parse_args().unwrap_or_else(|e| bench::fail("fork_join", &e));
+    let rt = bench::runtime("fork_join", carriers);
     let expected = n * (n - 1) / 2;
-    let warm_up = (iters / 10).max(3);
-    let mut secs: Vec<f64> = rt.block_on(|| {
-        let op = || {
-            let start = Instant::now();
-            let sum = fork_join(n);
-            let secs = start.elapsed().as_secs_f64();
-            if sum != expected {
-                fail(&format!("wrong sum {sum}, expected {expected}"));
-            }
-            secs
-        };
-        for _ in 0..warm_up {
-            op();
+    let run = bench::run(&rt, iters, 3, || {
+        let start = Instant::now();
+        let sum = fork_join(n);
+        let secs = start.elapsed().as_secs_f64();
+        if sum != expected {
+            bench::fail("fork_join", &format!("wrong sum {sum}, expected {expected}"));
         }
-        (0..iters).map(|_| op()).collect()
+        secs
     });
-    secs.sort_by(f64::total_cmp);
-    let (median, fastest, slowest) = (secs[iters / 2], secs[0], secs[iters - 1]);
+    let secs = bench::spread(run.ops);
     let carriers = rt.carriers();
-    println!("fork_join: {n} fibers per op, {carriers} carriers, {iters} ops ({warm_up} warm-up)");
-    let (ops, min, max) = (1.0 / median, 1.0 / slowest, 1.0 / fastest);
+    println!("fork_join: {n} fibers per op, {carriers} carriers, {iters} ops ({} warm-up)", run.warm_up);
+    let (ops, min, max) = (1.0 / secs.median, 1.0 / secs.max, 1.0 / secs.min);
     println!("  throughput {ops:>10.0} ops/s  median (min {min:.0}, max {max:.0})");
-    let per_fiber = median * 1e9 / n as f64;
+    let per_fiber = secs.median * 1e9 / n as f64;
     println!("  per fiber  {per_fiber:>10.1} ns     median (spawn, run, join)");
 }
 
@@ -67,10 +57,4 @@ fn parse_args() -> Result<(u64, usize, Option<usize>), String> {
         ],
     );
     Ok((a.positive("--n").unwrap() as u64, a.positive("--iters").unwrap(), a.get("--carriers")))
-}
-
-/// Reports an error on stderr and exits with status 1.
-fn fail(message: &str) -> ! {
-    eprintln!("fork_join: {message}");
-    std::process::exit(1)
 }

@@ -14,6 +14,8 @@ use virtual_threads as vt;
 
 #[path = "common/args.rs"]
 mod args;
+#[path = "common/bench.rs"]
+mod bench;
 
 const ABOUT: &str = "workload W4 (benches/README.md): two fibers bounce a u64 over channels of capacity 1";
 
@@ -38,30 +40,20 @@ fn ping_pong(rounds: u64) {
 }
 
 fn main() {
-    let (rounds, iters, carriers) = parse_args().unwrap_or_else(|e| fail(&e));
-    let mut builder = vt::Runtime::builder();
-    if let Some(c) = carriers {
-        builder = builder.carriers(c);
-    }
-    let rt = builder.build().unwrap_or_else(|e| fail(&format!("cannot build the runtime: {e}")));
-    let warm_up = (iters / 10).max(3);
-    let mut secs: Vec<f64> = rt.block_on(|| {
-        let op = || {
-            let start = Instant::now();
-            ping_pong(rounds);
-            start.elapsed().as_secs_f64()
-        };
-        for _ in 0..warm_up {
-            op();
-        }
-        (0..iters).map(|_| op()).collect()
+    let (rounds, iters, carriers) = parse_args().unwrap_or_else(|e| bench::fail("ping_pong", &e));
+    let rt = bench::runtime("ping_pong", carriers);
+    let run = bench::run(&rt, iters, 3, || {
+        let start = Instant::now();
+        ping_pong(rounds);
+        start.elapsed().as_secs_f64() * 1e9 / rounds as f64
     });
-    secs.sort_by(f64::total_cmp);
-    let per = |s: f64| s * 1e9 / rounds as f64;
-    let (median, fastest, slowest) = (per(secs[iters / 2]), per(secs[0]), per(secs[iters - 1]));
+    let per = bench::spread(run.ops);
     let carriers = rt.carriers();
-    println!("ping_pong: {rounds} round trips per op, {carriers} carriers, {iters} ops ({warm_up} warm-up)");
-    println!("  per round trip {median:>8.1} ns  median (min {fastest:.1}, max {slowest:.1})");
+    println!(
+        "ping_pong: {rounds} round trips per op, {carriers} carriers, {iters} ops ({} warm-up)",
+        run.warm_up
+    );
+    println!("  per round trip {:>8.1} ns  median (min {:.1}, max {:.1})", per.median, per.min, per.max);
 }
 
 /// The flags; `--help` lists them.
@@ -76,10 +68,4 @@ fn parse_args() -> Result<(u64, usize, Option<usize>), String> {
         ],
     );
     Ok((a.positive("--rounds").unwrap() as u64, a.positive("--iters").unwrap(), a.get("--carriers")))
-}
-
-/// Reports an error on stderr and exits with status 1.
-fn fail(message: &str) -> ! {
-    eprintln!("ping_pong: {message}");
-    std::process::exit(1)
 }

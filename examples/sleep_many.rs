@@ -14,6 +14,8 @@ use virtual_threads as vt;
 
 #[path = "common/args.rs"]
 mod args;
+#[path = "common/bench.rs"]
+mod bench;
 
 const ABOUT: &str =
     "workload W7 (benches/README.md): n fibers each sleep 10 ms; the op's time against the ideal";
@@ -42,33 +44,24 @@ fn sleep_many(fibers: usize) -> (Duration, Duration) {
 }
 
 fn main() {
-    let (fibers, iters, carriers) = parse_args().unwrap_or_else(|e| fail(&e));
-    let mut builder = vt::Runtime::builder();
-    if let Some(c) = carriers {
-        builder = builder.carriers(c);
-    }
-    let rt = builder.build().unwrap_or_else(|e| fail(&format!("cannot build the runtime: {e}")));
-    let warm_up = (iters / 10).max(2);
-    let mut ops: Vec<(f64, f64)> = rt.block_on(|| {
-        let op = || {
-            let (wall, armed) = sleep_many(fibers);
-            (wall.as_secs_f64() * 1e3 - 10.0, armed.as_secs_f64() * 1e3)
-        };
-        for _ in 0..warm_up {
-            op();
-        }
-        (0..iters).map(|_| op()).collect()
+    let (fibers, iters, carriers) = parse_args().unwrap_or_else(|e| bench::fail("sleep_many", &e));
+    let rt = bench::runtime("sleep_many", carriers);
+    let run = bench::run(&rt, iters, 2, || {
+        let (wall, armed) = sleep_many(fibers);
+        (wall.as_secs_f64() * 1e3 - 10.0, armed.as_secs_f64() * 1e3)
     });
-    ops.sort_by(|a, b| a.0.total_cmp(&b.0));
-    let (median, fastest, slowest) = (ops[iters / 2].0, ops[0].0, ops[iters - 1].0);
-    let mut armed: Vec<f64> = ops.iter().map(|o| o.1).collect();
-    armed.sort_by(f64::total_cmp);
+    let over = bench::spread(run.ops.iter().map(|o| o.0).collect());
+    let armed = bench::spread(run.ops.iter().map(|o| o.1).collect());
     let carriers = rt.carriers();
     println!(
-        "sleep_many: {fibers} fibers sleep 10 ms per op, {carriers} carriers, {iters} ops ({warm_up} warm-up)"
+        "sleep_many: {fibers} fibers sleep 10 ms per op, {carriers} carriers, {iters} ops ({} warm-up)",
+        run.warm_up
     );
-    println!("  over the ideal {median:>+7.2} ms  median (min {fastest:+.2}, max {slowest:+.2})");
-    println!("  last sleep began {:>6.2} ms  into the op (median)", armed[iters / 2]);
+    println!(
+        "  over the ideal {:>+7.2} ms  median (min {:+.2}, max {:+.2})",
+        over.median, over.min, over.max
+    );
+    println!("  last sleep began {:>6.2} ms  into the op (median)", armed.median);
 }
 
 /// The flags; `--help` lists them.
@@ -83,10 +76,4 @@ fn parse_args() -> Result<(usize, usize, Option<usize>), String> {
         ],
     );
     Ok((a.positive("--fibers").unwrap(), a.positive("--iters").unwrap(), a.get("--carriers")))
-}
-
-/// Reports an error on stderr and exits with status 1.
-fn fail(message: &str) -> ! {
-    eprintln!("sleep_many: {message}");
-    std::process::exit(1)
 }

@@ -13,6 +13,8 @@ use virtual_threads as vt;
 
 #[path = "common/args.rs"]
 mod args;
+#[path = "common/bench.rs"]
+mod bench;
 
 const ABOUT: &str = "workload W5 (benches/README.md): t fibers each yield y times";
 
@@ -33,32 +35,20 @@ fn yield_many(fibers: usize, yields: usize) {
 }
 
 fn main() {
-    let (fibers, yields, iters, carriers) = parse_args().unwrap_or_else(|e| fail(&e));
-    let mut builder = vt::Runtime::builder();
-    if let Some(c) = carriers {
-        builder = builder.carriers(c);
-    }
-    let rt = builder.build().unwrap_or_else(|e| fail(&format!("cannot build the runtime: {e}")));
-    let warm_up = (iters / 10).max(2);
-    let mut secs: Vec<f64> = rt.block_on(|| {
-        let op = || {
-            let start = Instant::now();
-            yield_many(fibers, yields);
-            start.elapsed().as_secs_f64()
-        };
-        for _ in 0..warm_up {
-            op();
-        }
-        (0..iters).map(|_| op()).collect()
+    let (fibers, yields, iters, carriers) = parse_args().unwrap_or_else(|e| bench::fail("yield_many", &e));
+    let rt = bench::runtime("yield_many", carriers);
+    let run = bench::run(&rt, iters, 2, || {
+        let start = Instant::now();
+        yield_many(fibers, yields);
+        start.elapsed().as_secs_f64() * 1e9 / (fibers * yields) as f64
     });
-    secs.sort_by(f64::total_cmp);
-    let per = |s: f64| s * 1e9 / (fibers * yields) as f64;
-    let (median, fastest, slowest) = (per(secs[iters / 2]), per(secs[0]), per(secs[iters - 1]));
+    let per = bench::spread(run.ops);
     let carriers = rt.carriers();
     println!(
-        "yield_many: {fibers} fibers x {yields} yields per op, {carriers} carriers, {iters} ops ({warm_up} warm-up)"
+        "yield_many: {fibers} fibers x {yields} yields per op, {carriers} carriers, {iters} ops ({} warm-up)",
+        run.warm_up
     );
-    println!("  per yield {median:>8.1} ns  median (min {fastest:.1}, max {slowest:.1})");
+    println!("  per yield {:>8.1} ns  median (min {:.1}, max {:.1})", per.median, per.min, per.max);
 }
 
 /// The flags; `--help` lists them.
@@ -79,10 +69,4 @@ fn parse_args() -> Result<(usize, usize, usize, Option<usize>), String> {
         a.positive("--iters").unwrap(),
         a.get("--carriers"),
     ))
-}
-
-/// Reports an error on stderr and exits with status 1.
-fn fail(message: &str) -> ! {
-    eprintln!("yield_many: {message}");
-    std::process::exit(1)
 }

@@ -1,7 +1,7 @@
 //! `vt::blocking`: a call that blocks the OS thread runs on a helper thread while the calling
 //! fiber parks, so its carrier goes on running the fibers homed on it.
 //!
-//! Started fibers never leave their home carrier (the default since issue 19), so a carrier
+//! Started fibers never leave their home carrier (by default), so a carrier
 //! blocked in the OS strands them: compensation can add carriers, but only unstarted fibers
 //! can move to them. Running the blocking closure elsewhere keeps the carrier free instead.
 //!

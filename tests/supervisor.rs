@@ -474,6 +474,14 @@ fn a_bad_environment_value_names_the_variable() {
         ("VT_MAX_CARRIERS", "lots", r#"VT_MAX_CARRIERS="lots" in the environment is not a number"#),
         ("VT_STACK_SIZE", "2X", r#"VT_STACK_SIZE="2X" in the environment is not a size"#),
         ("VT_CARRIERS", "0", "(the environment sets VT_CARRIERS=0)"),
+        // Out of range: a capacity overflow's panic, and an abort on an 11 GB allocation.
+        (
+            "VT_MAX_CARRIERS",
+            "18446744073709551615",
+            "(the environment sets VT_MAX_CARRIERS=18446744073709551615)",
+        ),
+        ("VT_MAX_CARRIERS", "100000000", "max_carriers(100000000) is above the limit"),
+        ("VT_CARRIERS", "18446744073709551615", "(the environment sets VT_CARRIERS=18446744073709551615)"),
     ] {
         let out = Command::new(std::env::current_exe().unwrap())
             .args(["--exact", test, "--nocapture", "--test-threads=1"])
@@ -488,4 +496,44 @@ fn a_bad_environment_value_names_the_variable() {
             "{stderr}"
         );
     }
+}
+
+/// Out-of-range bounds are `InvalidInput` naming the setting, not a "capacity overflow" panic.
+#[test]
+fn huge_carrier_bounds_are_invalid_input_naming_the_setting() {
+    for (b, name) in [
+        (vt::Runtime::builder().carriers(usize::MAX), "carriers("),
+        (vt::Runtime::builder().max_carriers(usize::MAX), "max_carriers("),
+        (vt::Runtime::builder().carriers(2).max_carriers(100_000_000), "max_carriers(100000000)"),
+    ] {
+        let Err(e) = b.build() else { panic!("{name}: out of range, yet built") };
+        assert_eq!(e.kind(), std::io::ErrorKind::InvalidInput, "{e}");
+        assert!(e.to_string().contains(name), "{e}");
+    }
+}
+
+/// Carrier slots are made as carriers start: a bound of a million costs nothing up front
+/// (it took 28 s to build when every slot was made at once), and the runtime grows past one
+/// chunk of slots when blocking calls ask for it.
+#[test]
+fn a_runtime_with_a_million_carrier_bound_builds_at_once_and_grows_on_demand() {
+    let t = Instant::now();
+    let rt = vt::Runtime::builder().carriers(2).max_carriers(1_000_000).build().unwrap();
+    let built = t.elapsed();
+    assert!(built < Duration::from_secs(2), "built in {built:?}");
+    // 100 fibers in a barrier of 100 (blocking in the OS) need 100 carriers at once: slots
+    // past the first chunks are made as the carriers start.
+    let barrier = Arc::new(std::sync::Barrier::new(100));
+    let hs: Vec<_> = (0..100)
+        .map(|_| {
+            let b = barrier.clone();
+            rt.spawn(move || {
+                b.wait();
+            })
+        })
+        .collect();
+    hs.into_iter().for_each(|h| h.join().unwrap());
+    let m = rt.metrics();
+    assert!(m.carriers_peak >= 100, "{m}");
+    drop(rt);
 }

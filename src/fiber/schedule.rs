@@ -20,8 +20,8 @@ pub(crate) enum Wake {
     /// Another fiber woke it: the waker's LIFO slot, so it runs next with warm caches.
     Unpark,
     /// The fiber it was joining finished: back of the local deque. A joiner woken into the
-    /// LIFO slot ran before its next child, found it unfinished and parked again, once per
-    /// child (W1, W7); behind the queue it finds most of them done.
+    /// LIFO slot would run before its next child, find it unfinished and park again, once per
+    /// child; behind the queue it finds most of them done.
     Joiner,
     /// Its timer expired: back of the local deque. Timers fire in batches, so the caller
     /// notifies idle carriers once per batch (`time::fire`), not once per fiber.

@@ -1,8 +1,8 @@
 //! Fiber stacks: carved from large lazily-committed arenas, pooled, each with a guard page.
 //!
 //! One `mmap` per stack would cost two VMAs (mapping + guard) and cap a process near 32,700
-//! fibers under the default `vm.max_map_count`; a fresh mapping also costs ~9 µs against
-//! ~25 ns for a reused stack. So stacks are slots in arenas (`MAP_NORESERVE`, no THP) that grow
+//! fibers under the default `vm.max_map_count`; a fresh mapping also costs hundreds of times
+//! what a reused stack does. So stacks are slots in arenas (`MAP_NORESERVE`, no THP) that grow
 //! geometrically, and a slot's guard page is a `MADV_GUARD_INSTALL` marker (no VMA) or, on
 //! kernels before 6.13, an `mprotect` page counted against a checked limit. Slots are recycled
 //! through a per-carrier cache in front of one pool per size class; they are never unmapped,
@@ -419,7 +419,7 @@ impl FiberStack {
     /// Starts loading the top of this stack into the cache: the carrier calls it for the stack
     /// it will hand out next. A first run writes about 500 bytes down from the top (the
     /// coroutine's initial frame, the fiber's entry, a park), and when thousands of fibers are
-    /// live at once (W6, W7) every one of those lines, and the page's translation, misses.
+    /// live at once (many parked or sleeping fibers) every one of those lines, and the page's translation, misses.
     #[inline]
     pub(crate) fn prefetch_top(&self) {
         let top = self.bottom + self.class.stride;

@@ -175,8 +175,7 @@ impl StateWord {
 
     /// Fiber side: consumes the token if there is one.
     pub(crate) fn take_token(&self) -> bool {
-        // Most parks find no token: a plain load spares them a locked CAS that would fail (two
-        // per W4 round trip). Missing a token that lands just after the load is harmless: the
+        // Most parks find no token: a plain load spares them a locked CAS that would fail. Missing a token that lands just after the load is harmless: the
         // carrier's `try_set_parked` CAS fails on it and consumes it, so the park returns.
         if self.0.load(Ordering::Relaxed) & NOTIFIED == 0 {
             return false;

@@ -45,7 +45,7 @@ static NO_PWAIT2: AtomicBool = AtomicBool::new(false);
 ///
 /// Timeouts are exact to the nanosecond with `epoll_pwait2`. `epoll_wait` takes whole
 /// milliseconds, rounded *up* so that a timer never fires early, which made every sleep that
-/// ended while the runtime was idle up to 1 ms late (W7 of the workload suite); it remains the
+/// ended while the runtime was idle up to 1 ms late; it remains the
 /// fallback for kernels older than 5.11.
 pub(crate) fn epoll_wait(ep: &OwnedFd, events: &mut [Event], timeout: Option<Duration>) -> io::Result<usize> {
     let n = match timeout {

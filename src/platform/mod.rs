@@ -41,8 +41,7 @@ pub(crate) fn page_size() -> usize {
 
 /// Reserves `len` bytes of read-write address space that the kernel commits lazily, page by
 /// page, as it is touched (`MAP_NORESERVE`), with transparent huge pages turned off: a parked
-/// fiber that touched one page must cost one page, not 2 MiB (measured: THP inflated a parked
-/// fiber from 4 KiB to 60+ KiB).
+/// fiber that touched one page must cost one page, not a share of a 2 MiB huge page.
 pub(crate) fn reserve(len: usize) -> io::Result<*mut u8> {
     // SAFETY: an anonymous private mapping at an address of the kernel's choosing aliases no
     // existing memory; the result is checked against MAP_FAILED.

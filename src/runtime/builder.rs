@@ -17,6 +17,11 @@ pub const DEFAULT_SUPERVISOR_INTERVAL: Duration = Duration::from_millis(10);
 /// allows 256; blocking pools far larger than the core count were a pain point (cats-effect).
 pub const DEFAULT_MAX_CARRIERS: usize = 256;
 
+/// The most carriers a runtime may have, counting compensating ones: Linux's `PID_MAX_LIMIT`
+/// (2^22), past which no process can have threads. Above it `carriers` and `max_carriers` are
+/// `InvalidInput` (a number near `usize::MAX` overflowed a capacity computation and panicked).
+const CARRIERS_LIMIT: usize = 1 << 22;
+
 /// Settings for a [`Runtime`]. Setters take and return the builder by value, so calls chain:
 /// `Runtime::builder().carriers(2).build()`. Nothing is checked or started until
 /// [`build`](Builder::build), which reports invalid settings as `io::ErrorKind::InvalidInput`.
@@ -73,7 +78,8 @@ impl Builder {
 
     /// The most carriers that may exist at once, compensating carriers (started while others
     /// are blocked in the OS) included. Default: the larger of 256 and `carriers`. Must be at
-    /// least `carriers`.
+    /// least `carriers` and at most 2^22 (Linux's limit on threads). Costs nothing until
+    /// carriers start: slots are made as they do.
     pub fn max_carriers(mut self, n: usize) -> Builder {
         self.max_carriers = Some(n);
         self
@@ -176,8 +182,8 @@ impl Builder {
     }
 
     /// A fiber that spawns this many fibers in a row yields once, so its children start on
-    /// other carriers (ZIO's fork-yield rule). Default 0: off — measured, a yield every 100
-    /// spawns made W1 20% slower and W2 no faster (`arch/performance.md`).
+    /// other carriers (ZIO's fork-yield rule). Default 0: off, because the spawner's yields
+    /// cost more than the earlier start of its children gains (`arch/performance.md`).
     pub fn fork_yield(mut self, every: u32) -> Builder {
         self.fork_yield = every;
         self
@@ -187,10 +193,9 @@ impl Builder {
     /// never). A parked fiber costs at least one resident page of stack (4 KiB), although its
     /// live frames are usually a few hundred bytes to a few KiB: compaction copies that live part
     /// into a heap buffer of its size and gives the stack's pages back to the OS; the fiber's
-    /// next resumption copies it back first (a page fault and a small copy, about 2 µs measured
-    /// here, only for fibers that were parked this long: a fiber woken sooner pays nothing).
-    /// Measured on W6, 100,000 fibers parked on one gate: 4,490 → 906 bytes per parked fiber
-    /// (`arch/compaction.md`).
+    /// next resumption copies it back first (a page fault and a small copy, only for fibers
+    /// that were parked this long: a fiber woken sooner pays nothing). What it saves per parked
+    /// fiber and what a resumption pays: `arch/compaction.md`.
     ///
     /// The supervisor compacts: it looks about every `after` (at least every
     /// `supervisor_interval`) while fibers park, so a fiber is compacted between `after` and
@@ -267,6 +272,14 @@ impl Builder {
         let carriers = self.carriers.unwrap_or_else(crate::platform::usable_cpus);
         if carriers == 0 {
             return invalid("a runtime needs at least 1 carrier, got carriers(0)".into());
+        }
+        for (name, n) in [("carriers", Some(carriers)), ("max_carriers", self.max_carriers)] {
+            if let Some(n) = n.filter(|&n| n > CARRIERS_LIMIT) {
+                return invalid(format!(
+                    "{name}({n}) is above the limit of {CARRIERS_LIMIT} carriers (no process can have \
+                     more threads)"
+                ));
+            }
         }
         let max_carriers = self.max_carriers.unwrap_or(DEFAULT_MAX_CARRIERS.max(carriers));
         if max_carriers < carriers {
@@ -396,6 +409,16 @@ mod tests {
         assert!(compact(None).fiber_roots(false).config().is_ok());
         assert!(compact(Some(Duration::from_nanos(1))).config().is_ok());
         assert!(Builder::new().carriers(3).config().unwrap().max_carriers >= 3);
+        for b in [Builder::new().carriers(usize::MAX), Builder::new().max_carriers(usize::MAX)] {
+            let e = b.config().unwrap_err();
+            assert_eq!(e.kind(), io::ErrorKind::InvalidInput);
+            assert!(e.to_string().contains(&format!("carriers({})", usize::MAX)), "names the setting: {e}");
+        }
+        assert_eq!(kind(Builder::new().carriers(CARRIERS_LIMIT + 1)), io::ErrorKind::InvalidInput);
+        assert_eq!(
+            Builder::new().max_carriers(CARRIERS_LIMIT).config().unwrap().max_carriers,
+            CARRIERS_LIMIT
+        );
     }
 
     fn env<'a>(vars: &'a [(&str, &str)]) -> impl Fn(&str) -> Option<OsString> + 'a {

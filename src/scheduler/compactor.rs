@@ -251,5 +251,5 @@ fn let_go(rt: &Shared, fiber: FiberRef) {
 
 /// Parks so far, summed over the carriers.
 fn parks(rt: &Shared) -> u64 {
-    rt.slots[..rt.started()].iter().map(|s| s.stats.parks.load(Ordering::Relaxed)).sum()
+    rt.slots.upto(rt.started()).map(|s| s.stats.parks.load(Ordering::Relaxed)).sum()
 }

@@ -4,8 +4,8 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use super::locations::Known;
 use super::shared::Stats;
-use super::supervisor::Known;
 use super::{NOT_PINNED, Shared};
 
 /// The runtime's counters at one moment, summed over the carriers (and work from outside them).
@@ -58,9 +58,9 @@ impl Shared {
     /// Reads every counter once.
     pub(crate) fn counters(&self) -> Counters {
         let known_blocking = self.known.lock().unwrap_or_else(|e| e.into_inner()).clone();
-        let slots = &self.slots[..self.started()];
+        let started = self.started();
         let sum = |field: fn(&Stats) -> &AtomicU64| -> u64 {
-            slots.iter().map(|s| field(&s.stats).load(Ordering::Relaxed)).sum()
+            self.slots.upto(started).map(|s| field(&s.stats).load(Ordering::Relaxed)).sum()
         };
         let remote = &self.remote;
         // Finished before spawned: a fiber counted finished was spawned earlier, so the live
@@ -76,7 +76,7 @@ impl Shared {
         Counters {
             spawned,
             finished,
-            switches: slots.iter().map(|s| s.progress.load(Ordering::Relaxed)).sum(),
+            switches: self.slots.upto(started).map(|s| s.progress.load(Ordering::Relaxed)).sum(),
             parks: sum(|s| &s.parks),
             unparks: sum(|s| &s.unparks) + remote.unparks.load(Ordering::Relaxed),
             steals: sum(|s| &s.steals),
@@ -102,8 +102,9 @@ impl Shared {
             detections: self.detections.load(Ordering::Relaxed),
             compensations: self.compensations.load(Ordering::Relaxed),
             known_blocking,
-            per_carrier: slots
-                .iter()
+            per_carrier: self
+                .slots
+                .upto(started)
                 .map(|s| CarrierCounters {
                     switches: s.progress.load(Ordering::Relaxed),
                     started: s.stats.started.load(Ordering::Relaxed),

@@ -341,7 +341,7 @@ pub(crate) fn check_deadlock(rt: &Shared) -> bool {
         return false;
     }
     let started = rt.started();
-    if rt.slots[..started].iter().any(|s| {
+    if rt.slots.upto(started).any(|s| {
         !s.location.load(Ordering::SeqCst).is_null()
             || s.home_len.load(Ordering::Relaxed) > 0
             || !s.inbox.is_empty()
@@ -427,7 +427,7 @@ pub(crate) fn report_saturation(rt: &Shared) {
     // Where each carrier's fiber was spawned, or entered `vt::blocking`: the carrier's own
     // record of it, kept even with fiber roots off.
     let mut sites: Vec<(&'static Location<'static>, usize)> = Vec::new();
-    for slot in &rt.slots[..rt.started()] {
+    for slot in rt.slots.upto(rt.started()) {
         let loc = slot.location.load(Ordering::Acquire);
         if loc.is_null() {
             continue;

@@ -7,7 +7,8 @@
 
 use std::sync::atomic::Ordering;
 
-use super::{Shared, carrier};
+use super::queue::run_queue;
+use super::{CachePadded, CarrierSlot, Shared, carrier};
 use crate::fiber::schedule::RuntimeRef;
 
 impl Shared {
@@ -32,6 +33,7 @@ impl Shared {
             // fibers this would have run are unwound by the drop.
             return Ok(());
         }
+        self.make_slot(i);
         let Some(worker) = self.unstarted.lock().unwrap_or_else(|e| e.into_inner())[i].take() else {
             // Another thread compensating at the same time started this slot first: the
             // caller's loop sees the new carrier in `active` and stops.
@@ -99,10 +101,7 @@ impl Shared {
                 self.slots[i].retired.store(false, Ordering::Release);
                 self.unpark_carrier(i);
             } else {
-                let next = {
-                    let u = self.unstarted.lock().unwrap_or_else(|e| e.into_inner());
-                    u.iter().position(Option::is_some)
-                };
+                let next = self.next_unstarted();
                 match next {
                     Some(i) if self.start_carrier(i, None).is_ok() => {}
                     // Out of slots or threads: nothing more to do.
@@ -112,6 +111,34 @@ impl Shared {
             self.compensations.fetch_add(1, Ordering::Relaxed);
             self.peak.fetch_max(self.active.load(Ordering::Relaxed), Ordering::Relaxed);
         }
+    }
+
+    /// Makes slot `i` (and the rest of its chunk) if it is not made yet, with its deque's
+    /// owner end waiting in `unstarted`. Under the `threads` lock (`start_carrier`).
+    fn make_slot(&self, i: usize) {
+        let mut workers = Vec::new();
+        self.slots.get_or_make(i, |j| {
+            let (worker, stealer) = run_queue::new(run_queue::CAPACITY);
+            workers.push((j, worker));
+            CachePadded(CarrierSlot::new(stealer))
+        });
+        if workers.is_empty() {
+            return;
+        }
+        let mut u = self.unstarted.lock().unwrap_or_else(|e| e.into_inner());
+        for (j, worker) in workers {
+            if u.len() <= j {
+                u.resize_with(j + 1, || None);
+            }
+            u[j] = Some(worker);
+        }
+    }
+
+    /// The lowest slot without a thread: a made one, else the first not made (chunks are made
+    /// in order, since this is how the next slot is chosen), within `max_carriers`.
+    fn next_unstarted(&self) -> Option<usize> {
+        let u = self.unstarted.lock().unwrap_or_else(|e| e.into_inner());
+        u.iter().position(Option::is_some).or((u.len() < self.slots.capacity()).then_some(u.len()))
     }
 
     /// A carrier of its own for a fiber from a known-blocking spawn site, which is about to
@@ -138,10 +165,7 @@ impl Shared {
                 i
             }
             None => {
-                let next = {
-                    let u = self.unstarted.lock().unwrap_or_else(|e| e.into_inner());
-                    u.iter().position(Option::is_some)?
-                };
+                let next = self.next_unstarted()?;
                 self.start_carrier(next, None).ok()?;
                 // Another thread may have taken that slot first; then it is started all the same.
                 if next >= self.started() {

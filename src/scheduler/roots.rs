@@ -22,6 +22,9 @@ use crate::fiber::{FiberRecord, FiberRef};
 /// Records copied out of a shard per lock, so a walk never holds a carrier's shard for long.
 const WALK_CHUNK: usize = 1024;
 
+/// Shards for carriers at most; carriers past it share (a shard is locked only when a pool
+/// grows and by walks, so sharing costs little).
+const MAX_CARRIER_SHARDS: usize = 256;
 /// Records allocated together: one allocation per 16 records rather than one each (fewer
 /// malloc calls on a pool's growth, no per-record chunk header, neighbours adjacent).
 const SLAB: usize = 16;
@@ -40,10 +43,13 @@ pub(crate) struct Roots {
 }
 
 impl Roots {
-    /// `carriers` shards for carriers plus one for plain threads.
+    /// A shard per carrier (carriers past `MAX_CARRIER_SHARDS` share them, round robin) plus
+    /// one for plain threads: `max_carriers` may be a million, and a shard is two cache lines.
     pub(crate) fn new(carriers: usize) -> Roots {
         Roots {
-            shards: (0..=carriers).map(|_| CachePadded(Mutex::new(Vec::new()))).collect(),
+            shards: (0..=carriers.min(MAX_CARRIER_SHARDS))
+                .map(|_| CachePadded(Mutex::new(Vec::new())))
+                .collect(),
             slabs: Mutex::new(Vec::new()),
         }
     }
@@ -51,6 +57,11 @@ impl Roots {
     /// How many shards there are (a walk's cursor is past the end at this shard index).
     pub(crate) fn shards(&self) -> usize {
         self.shards.len()
+    }
+
+    /// Index of the shard for records allocated by carrier `i`.
+    pub(crate) fn carrier_shard(&self, i: usize) -> usize {
+        i % (self.shards.len() - 1)
     }
 
     /// Index of the shard for records allocated outside the carriers.

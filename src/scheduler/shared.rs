@@ -14,6 +14,7 @@ use std::thread::Thread;
 use std::time::Instant;
 
 use super::config::Config;
+use super::lazy_table::LazyTable;
 use crate::fiber::context;
 use crate::fiber::stack::SizeClass;
 use crate::fiber::{FiberRecord, FiberRef, NO_HOME};
@@ -22,7 +23,7 @@ use crate::scheduler::time::TimerHeap;
 
 use super::queue::idle::Idle;
 use super::queue::{inbox, run_queue};
-use super::{Injector, Roots, compactor, locations, shutdown, supervisor};
+use super::{Injector, Roots, compactor, locations, shutdown};
 
 /// Aligns a value to its own cache line pair (the adjacent-line prefetcher pulls lines in
 /// pairs), so per-carrier state is never falsely shared.
@@ -78,6 +79,31 @@ pub(crate) struct CarrierSlot {
     pub(super) floats: AtomicU64,
     /// Scheduling counters, written by this carrier alone (summed by `Runtime::metrics`).
     pub(super) stats: Stats,
+}
+
+impl CarrierSlot {
+    pub(super) fn new(stealer: run_queue::Remote<FiberRef>) -> CarrierSlot {
+        CarrierSlot {
+            stealer,
+            inbox: inbox::Inbox::new(),
+            home_len: AtomicUsize::new(0),
+            timers: Mutex::new(TimerHeap::default()),
+            next_deadline: AtomicU64::new(u64::MAX),
+            thread: OnceLock::new(),
+            progress: AtomicU64::new(0),
+            on_reactor: AtomicBool::new(false),
+            lifo: AtomicPtr::new(std::ptr::null_mut()),
+            location: AtomicPtr::new(std::ptr::null_mut()),
+            in_blocking: AtomicBool::new(false),
+            caught: AtomicBool::new(false),
+            tid: AtomicI32::new(0),
+            locations: locations::LocationMap::default(),
+            retired: AtomicBool::new(false),
+            cpu: AtomicUsize::new(NOT_PINNED),
+            floats: AtomicU64::new(0),
+            stats: Stats::default(),
+        }
+    }
 }
 
 /// One carrier's counters. Single writer (the carrier), so a bump is a load and a store, not a
@@ -159,7 +185,8 @@ pub(crate) struct Shared {
     /// Counted references (see [`RuntimeRef`]; `runtime_ref.rs` counts them).
     pub(super) refs: AtomicUsize,
     pub(super) config: Config,
-    pub(super) slots: Box<[CachePadded<CarrierSlot>]>,
+    /// Made in chunks as carriers start (`lazy_table.rs`): `max_carriers` may be large.
+    pub(super) slots: LazyTable<CachePadded<CarrierSlot>>,
     pub(super) injector: Injector,
     pub(super) idle: Idle,
     pub(super) roots: Roots,
@@ -186,13 +213,14 @@ pub(crate) struct Shared {
     pub(super) compensations: AtomicU64,
     /// Retired spare carriers, parked, to reuse before starting new threads.
     pub(super) spares: Mutex<Vec<usize>>,
-    /// The deques of slots that have no thread yet.
+    /// The deques of slots made that have no thread yet (`None`: started); slots past its end
+    /// are not made.
     pub(super) unstarted: Mutex<Vec<Option<run_queue::Local<FiberRef>>>>,
     /// Carrier threads to join at shutdown.
     pub(super) threads: Mutex<Vec<std::thread::JoinHandle<()>>>,
     pub(super) supervisor_thread: OnceLock<Thread>,
     pub(super) supervisor_sleeping: AtomicBool,
-    pub(super) known: Mutex<Vec<supervisor::Known>>,
+    pub(super) known: Mutex<Vec<locations::Known>>,
     /// Unused fiber records, beyond what the carriers cache.
     pub(super) records: Mutex<Vec<RecordPtr>>,
 }
@@ -243,41 +271,16 @@ impl Shared {
         self.shutdown.load(Ordering::SeqCst)
     }
 
-    /// State for `config.max_carriers` carrier slots, and their reactor; no thread is started
-    /// yet (a carrier opens its poll set when it starts).
+    /// Room for `config.max_carriers` carrier slots, and their reactor; no slot is made and no
+    /// thread started yet (a slot is made, in a chunk of 64, and a carrier opens its poll set,
+    /// when it starts: `LazyTable`).
     pub(crate) fn new(config: Config) -> Shared {
         let reactor = Reactor::new(config.max_carriers);
         let n = config.carriers;
-        let (workers, stealers): (Vec<_>, Vec<_>) =
-            (0..config.max_carriers).map(|_| run_queue::new(run_queue::CAPACITY)).unzip();
         let stacks = SizeClass::get(config.stack_size);
         Shared {
             refs: AtomicUsize::new(0),
-            slots: stealers
-                .into_iter()
-                .map(|stealer| {
-                    CachePadded(CarrierSlot {
-                        stealer,
-                        inbox: inbox::Inbox::new(),
-                        home_len: AtomicUsize::new(0),
-                        timers: Mutex::new(TimerHeap::default()),
-                        next_deadline: AtomicU64::new(u64::MAX),
-                        thread: OnceLock::new(),
-                        progress: AtomicU64::new(0),
-                        on_reactor: AtomicBool::new(false),
-                        lifo: AtomicPtr::new(std::ptr::null_mut()),
-                        location: AtomicPtr::new(std::ptr::null_mut()),
-                        in_blocking: AtomicBool::new(false),
-                        caught: AtomicBool::new(false),
-                        tid: AtomicI32::new(0),
-                        locations: locations::LocationMap::default(),
-                        retired: AtomicBool::new(false),
-                        cpu: AtomicUsize::new(NOT_PINNED),
-                        floats: AtomicU64::new(0),
-                        stats: Stats::default(),
-                    })
-                })
-                .collect(),
+            slots: LazyTable::new(config.max_carriers),
             injector: Injector::new(n),
             idle: Idle::new(n),
             roots: Roots::new(config.max_carriers),
@@ -299,7 +302,7 @@ impl Shared {
             detections: AtomicU64::new(0),
             compensations: AtomicU64::new(0),
             spares: Mutex::new(Vec::new()),
-            unstarted: Mutex::new(workers.into_iter().map(Some).collect()),
+            unstarted: Mutex::new(Vec::new()),
             threads: Mutex::new(Vec::new()),
             supervisor_thread: OnceLock::new(),
             supervisor_sleeping: AtomicBool::new(false),
@@ -417,8 +420,8 @@ impl Shared {
 
     /// Earliest timer deadline over all carriers (ns since epoch), or `u64::MAX`.
     pub(crate) fn earliest_deadline(&self) -> u64 {
-        self.slots[..self.started()]
-            .iter()
+        self.slots
+            .upto(self.started())
             .map(|s| s.next_deadline.load(Ordering::Relaxed))
             .min()
             .unwrap_or(u64::MAX)

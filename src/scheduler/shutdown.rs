@@ -78,7 +78,7 @@ impl Drain {
 /// an unwinding fiber wakes or spawns goes to the shared queues, which the coordinator drains.
 pub(crate) fn serve(rt: &Shared, index: usize) {
     let d = &rt.drain;
-    let mut s = d.lock(rt.slots.len());
+    let mut s = d.lock(rt.started());
     s.serving += 1;
     d.cv.notify_all();
     loop {
@@ -86,7 +86,7 @@ pub(crate) fn serve(rt: &Shared, index: usize) {
             s.stuck[index] = false;
             drop(s);
             cancel(f);
-            s = d.lock(rt.slots.len());
+            s = d.lock(rt.started());
             s.outstanding -= 1;
             d.cv.notify_all();
             continue;
@@ -104,14 +104,14 @@ pub(crate) fn serve(rt: &Shared, index: usize) {
 pub(crate) fn run(rt: &Shared, threads: Vec<std::thread::JoinHandle<()>>) {
     let d = &rt.drain;
     {
-        let mut s = d.lock(rt.slots.len());
+        let mut s = d.lock(rt.started());
         // A carrier serves once the fiber it runs (if any) has switched out.
         while s.serving < threads.len() {
             s = d.wait(s, Duration::from_millis(100));
         }
     }
     cancel_all(rt);
-    d.lock(rt.slots.len()).exit = true;
+    d.lock(rt.started()).exit = true;
     d.cv.notify_all();
     for t in threads {
         let _ = t.join();
@@ -154,7 +154,7 @@ fn cancel_all(rt: &Shared) {
             rest = tail;
             let mut here = Vec::new();
             {
-                let mut s = d.lock(rt.slots.len());
+                let mut s = d.lock(rt.started());
                 for f in level {
                     match home_of(f) {
                         Some(i) => {
@@ -179,7 +179,7 @@ fn cancel_all(rt: &Shared) {
 /// stuck.
 fn wait_for_carriers(rt: &Shared) {
     let d = &rt.drain;
-    let mut s = d.lock(rt.slots.len());
+    let mut s = d.lock(rt.started());
     let mut last = (s.outstanding, Instant::now());
     while s.outstanding > 0 {
         s = d.wait(s, Duration::from_millis(10));
@@ -188,7 +188,7 @@ fn wait_for_carriers(rt: &Shared) {
         } else if last.1.elapsed() >= STUCK && s.stuck.iter().any(|&b| b) {
             drop(s);
             escalate(rt);
-            s = d.lock(rt.slots.len());
+            s = d.lock(rt.started());
             last = (s.outstanding, Instant::now());
         }
     }
@@ -199,7 +199,7 @@ fn wait_for_carriers(rt: &Shared) {
 /// unwound once (`cancel` skips it the second time).
 fn escalate(rt: &Shared) {
     let d = &rt.drain;
-    let mut s = d.lock(rt.slots.len());
+    let mut s = d.lock(rt.started());
     if s.last_escalation.is_some_and(|t| t.elapsed() < STUCK) {
         return;
     }
@@ -214,7 +214,7 @@ fn escalate(rt: &Shared) {
         }
     });
     homed.sort_by_key(|(_, f)| std::cmp::Reverse(f.depth.get()));
-    let mut s = d.lock(rt.slots.len());
+    let mut s = d.lock(rt.started());
     for (i, f) in homed {
         s.requests[i].push_back(f);
         s.outstanding += 1;
@@ -235,7 +235,7 @@ pub(crate) fn cancel_one(rt: &Shared) -> bool {
     let d = &rt.drain;
     match here {
         Some(i) => {
-            let mut s = d.lock(rt.slots.len());
+            let mut s = d.lock(rt.started());
             let Some(f) = s.requests[i].pop_front() else {
                 s.stuck[i] = true;
                 d.cv.notify_all();
@@ -243,7 +243,7 @@ pub(crate) fn cancel_one(rt: &Shared) -> bool {
             };
             drop(s);
             cancel(f);
-            let mut s = d.lock(rt.slots.len());
+            let mut s = d.lock(rt.started());
             s.outstanding -= 1;
             d.cv.notify_all();
             true

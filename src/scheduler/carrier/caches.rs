@@ -127,9 +127,9 @@ impl Carrier {
             return self.take_stack_slow(class);
         }
         bump(&self.slot().stats.stack_hits, 1);
-        // Only in a run of takes (a burst of first runs, as in W6 and W7) is the next stack
-        // about to be used; when takes and gives alternate (short fibers back to back: W1,
-        // W3) the next take gets back the stack just given, already hot.
+        // Only in a run of takes (a burst of first runs) is the next stack about to be used;
+        // when takes and gives alternate (short fibers back to back) the next take gets back
+        // the stack just given, already hot.
         if self.taking.replace(true) && cache.len() > 1 {
             cache[cache.len() - 2].prefetch_top();
         }
@@ -168,7 +168,9 @@ impl Carrier {
             return r;
         }
         self.rt.take_records(&mut cache, RECORD_CACHE / 2);
-        cache.pop().unwrap_or_else(|| self.rt.roots.alloc(self.index, self.rt.stacks, &mut cache))
+        cache.pop().unwrap_or_else(|| {
+            self.rt.roots.alloc(self.rt.roots.carrier_shard(self.index), self.rt.stacks, &mut cache)
+        })
     }
 
     /// A record whose fiber finished here and whose last reference went with it, cleared, and

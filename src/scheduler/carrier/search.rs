@@ -47,8 +47,7 @@ impl Carrier {
 
     /// Fibers ever pushed onto every started carrier's deque: moves while carriers spawn.
     pub(super) fn deques_pushed(&self) -> usize {
-        let slots = &self.rt.slots[..self.rt.started()];
-        slots.iter().fold(0, |sum, s| sum.wrapping_add(s.stealer.pushed()))
+        self.rt.slots.upto(self.rt.started()).fold(0, |sum, s| sum.wrapping_add(s.stealer.pushed()))
     }
 
     /// The fast path: this carrier's own queues.
@@ -96,7 +95,7 @@ impl Carrier {
             // Unstarted fibers wait in the deque ahead of the home queue's oldest, and another
             // carrier is idle: leave them to it. Once started here they could never move, so
             // a carrier that started every fiber it spawned before the others woke would run
-            // them all (W5 split very unevenly between two carriers). It runs a fiber at home meanwhile
+            // them all for their whole lives. It runs a fiber at home meanwhile
             // and makes sure an idle carrier looks (a searcher already does: then this is a
             // fence and a load). The same while this carrier is clearly heavier than another
             // (`weigh`), which takes them with `steal_if_lighter`. Otherwise arrival order holds.
@@ -129,7 +128,7 @@ impl Carrier {
         let heavier = !rt.config.migrate_started_fibers
             && n > 1
             && mine > HEAVIER_BY
-            && rt.slots[..n].iter().enumerate().any(|(i, s)| {
+            && rt.slots.upto(n).enumerate().any(|(i, s)| {
                 i != self.index
                     && !s.retired.load(Ordering::Relaxed)
                     && !s.in_blocking.load(Ordering::Relaxed)
@@ -223,7 +222,7 @@ impl Carrier {
             }
             let vslot = &self.rt.slots[victim];
             // A carrier running a fiber that just spawned or woke one runs it itself in a
-            // moment, with warm caches; taking it moves a sequential chain (W3) to this carrier
+            // moment, with warm caches; taking it moves a sequential chain of spawns to this carrier
             // and back, fiber by fiber. Go gives `runnext` the same grace (3 µs).
             let patient = !take_last && !vslot.location.load(Ordering::Relaxed).is_null();
             // Take about half of the victim's queue.
@@ -305,7 +304,7 @@ impl Carrier {
     /// shared between fibers of two carriers). As `fire_foreign_timers` does for timers.
     pub(super) fn poll_foreign_sets(&self) -> usize {
         let mut woken = 0;
-        for (i, slot) in self.rt.slots[..self.rt.started()].iter().enumerate() {
+        for (i, slot) in self.rt.slots.upto(self.rt.started()).enumerate() {
             if i != self.index
                 && (slot.in_blocking.load(Ordering::Relaxed) || slot.caught.load(Ordering::Relaxed))
             {
@@ -335,7 +334,7 @@ impl Carrier {
     pub(super) fn fire_foreign_timers(&self) -> usize {
         let now = self.rt.ns_since_epoch(Instant::now());
         let mut woken = 0;
-        for (i, slot) in self.rt.slots[..self.rt.started()].iter().enumerate() {
+        for (i, slot) in self.rt.slots.upto(self.rt.started()).enumerate() {
             if i != self.index && slot.next_deadline.load(Ordering::Relaxed) <= now {
                 woken += crate::scheduler::time::fire(&self.rt, i, now, true);
             }
@@ -350,8 +349,9 @@ impl Carrier {
         !self.slot().inbox.is_empty()
             || !rt.injector.is_empty()
             || (rt.idle.can_search()
-                && rt.slots[..rt.started()]
-                    .iter()
+                && rt
+                    .slots
+                    .upto(rt.started())
                     .enumerate()
                     .any(|(i, s)| i != self.index && !s.stealer.is_empty()))
             || rt.earliest_deadline() <= rt.ns_since_epoch(Instant::now())
@@ -372,7 +372,7 @@ impl Carrier {
         // sleeper: whoever pops it from the sleepers list then sees the flag (SeqCst, paired
         // with `unpark_carrier`) and wakes it through the eventfd. Raised after registering, a
         // wake could go to the thread's park token while the carrier then blocks in epoll_wait
-        // for ever (found by the W3 chained_fork bench).
+        // for ever.
         slot.on_reactor.store(true, Ordering::SeqCst);
         idle.register(self.index);
         let visible = self.work_visible();

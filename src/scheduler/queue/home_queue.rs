@@ -4,9 +4,9 @@
 //! Private to its carrier (no atomics): a ring of a power-of-two size indexed by two counters
 //! that never wrap on a 64-bit target, so a slot is `i & mask`, a length is `tail - head`, and
 //! neither a push nor a pop checks for a wrap. It grows (doubles, out of line) when full and
-//! never shrinks, so a steady state allocates nothing. It replaced a `VecDeque`, whose index
-//! arithmetic for an arbitrary capacity (a compare and a conditional move per access) and
-//! growth check on every push sat on every yield (`arch/performance.md`).
+//! never shrinks, so a steady state allocates nothing. Not a `VecDeque`: its index arithmetic
+//! for an arbitrary capacity (a compare and a conditional move per access) and its growth check
+//! on every push would sit on every yield (`arch/performance.md`).
 //! See `arch/scheduler.md`.
 
 use std::mem::MaybeUninit;

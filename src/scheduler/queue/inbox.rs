@@ -8,8 +8,8 @@
 //! and swings the head with one CAS. The owner takes the whole stack with one swap and reverses
 //! it into arrival order, straight into its private home queue (`Carrier::drain_inbox`); a
 //! taker that swapped the chain out owns all of it, so there is no ABA (nobody pops one entry
-//! while others push). It replaced a `Mutex<VecDeque>` that every cross-carrier wake and every
-//! pinned yield locked (issue 19, `arch/performance.md`).
+//! while others push). Not a `Mutex<VecDeque>`: every cross-carrier wake and every pinned
+//! yield would take its lock (`arch/performance.md`).
 //!
 //! The idle protocol (`idle.rs`) sees the inbox through [`Inbox::is_empty`], fenced like the
 //! run queue's: a pusher pushes, then fences and reads the sleepers; a carrier going to sleep

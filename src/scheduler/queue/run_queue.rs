@@ -11,9 +11,8 @@
 //! that still reads it can no longer win. Indices are `usize` counters that never wrap on a
 //! 64-bit target, so a CAS cannot mistake a new head for the old one (ABA).
 //!
-//! Against crossbeam's FIFO `Worker`, which this replaced: a pop took a locked `xadd` and a
-//! resize check, a 128-fiber spill was 128 pops, and a steal into a
-//! growing deque could allocate. Here a pop is a load, a compare and one CAS; a spill and a
+//! Against crossbeam's FIFO `Worker`: there a pop takes a locked `xadd` and a resize check, a
+//! 128-fiber spill is 128 pops, and a steal into a growing deque can allocate. Here a pop is a load, a compare and one CAS; a spill and a
 //! steal are one CAS each; the ring never allocates after it is built. It is bounded
 //! ([`CAPACITY`]): a full queue spills half to the injector (`Carrier::spill`).
 //!

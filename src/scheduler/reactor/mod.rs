@@ -41,6 +41,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::Duration;
 
+use super::lazy_table::LazyTable;
 use crate::fiber::handle::Fiber;
 use crate::platform::epoll;
 use registration::{Event, Readiness};
@@ -70,7 +71,8 @@ const WRITE_HUP_EVENTS: u32 = EPOLLHUP | EPOLLERR;
 
 /// The carriers' poll sets, one slot per carrier slot (`None` until that carrier starts).
 pub(crate) struct Reactor {
-    sets: Box<[OnceLock<PollSet>]>,
+    /// Made in chunks as carriers start (`LazyTable`): `max_carriers` may be large.
+    sets: LazyTable<OnceLock<PollSet>>,
     /// `platform::forks()` when the runtime was built. In a child forked since, the sets are the
     /// parent's kernel objects (an epoll set and an eventfd are shared across `fork`, unlike
     /// memory): the child must not change them or signal them (`forked`).
@@ -103,7 +105,7 @@ struct PollBuffers {
 impl Reactor {
     /// Room for `slots` sets; opens none.
     pub(crate) fn new(slots: usize) -> Reactor {
-        Reactor { sets: (0..slots).map(|_| OnceLock::new()).collect(), forks: crate::platform::forks() }
+        Reactor { sets: LazyTable::new(slots), forks: crate::platform::forks() }
     }
 
     /// Whether this is a copy in a child forked after the runtime was built: its sets belong to
@@ -114,7 +116,8 @@ impl Reactor {
 
     /// Opens carrier `i`'s set, unless it is open. Called before the carrier's thread starts.
     pub(crate) fn open(&self, i: usize) -> io::Result<()> {
-        if self.sets[i].get().is_some() {
+        let slot = self.sets.get_or_make(i, |_| OnceLock::new());
+        if slot.get().is_some() {
             return Ok(());
         }
         let ep = epoll::epoll_create()?;
@@ -122,7 +125,7 @@ impl Reactor {
         epoll::epoll_add(&ep, waker.as_raw_fd(), EPOLLIN | EPOLLET, WAKE_TOKEN)?;
         // Slots are started under the runtime's `threads` lock, so no one races this; a loser
         // would only close its spare descriptors.
-        let _ = self.sets[i].set(PollSet {
+        let _ = slot.set(PollSet {
             ep,
             waker,
             buffers: Mutex::new(PollBuffers {
@@ -137,7 +140,7 @@ impl Reactor {
     }
 
     fn set(&self, i: usize) -> &PollSet {
-        self.sets[i].get().expect("a started carrier's poll set is open")
+        self.sets.get(i).and_then(OnceLock::get).expect("a started carrier's poll set is open")
     }
 
     /// The owner's poll: waits up to `timeout` (`None`: until woken) for readiness on carrier
@@ -153,7 +156,7 @@ impl Reactor {
     /// anyway): the owner's periodic poll, or a helper's for an owner blocked in the OS.
     /// `owner`: the caller is carrier `i` (a helper passes the eventfd's wake on to it).
     pub(crate) fn try_poll(&self, i: usize, owner: bool) -> usize {
-        let Some(set) = self.sets[i].get() else { return 0 };
+        let Some(set) = self.sets.get(i).and_then(OnceLock::get) else { return 0 };
         match set.buffers.try_lock() {
             Ok(mut b) => set.poll(&mut b, Some(Duration::ZERO), owner),
             Err(_) => 0,
@@ -164,7 +167,7 @@ impl Reactor {
     pub(crate) fn owner_polls(&self, i: usize) -> u64 {
         // Relaxed: a hint; a stale count costs one needless (non-blocking) poll, or delays one
         // by a supervisor tick.
-        self.sets[i].get().map_or(0, |s| s.owner_polls.load(Ordering::Relaxed))
+        self.sets.get(i).and_then(OnceLock::get).map_or(0, |s| s.owner_polls.load(Ordering::Relaxed))
     }
 
     /// Interrupts carrier `i` blocked in `epoll_wait` on its set.
@@ -173,7 +176,7 @@ impl Reactor {
             // A stale unpark in a forked child: the eventfd is the parent's carrier's.
             return;
         }
-        if let Some(set) = self.sets[i].get() {
+        if let Some(set) = self.sets.get(i).and_then(OnceLock::get) {
             epoll::eventfd_signal(&set.waker);
         }
     }
