@@ -412,6 +412,52 @@ fn a_panic_in_a_fiber_names_the_fiber_and_chains_to_the_previous_hook() {
     );
 }
 
+/// A test harness that captures a test's output (libtest without `--nocapture`) captures the
+/// runtime's line naming a panicking fiber along with std's message: a passing test that
+/// provokes panics prints no panic text.
+#[test]
+fn a_captured_test_prints_nothing_of_the_panics_it_provokes() {
+    let test = "a_panic_in_a_fiber_names_the_fiber_and_chains_to_the_previous_hook";
+    let out = Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", test, "--test-threads=1"])
+        .env(CHILD, "panic-names")
+        .env("VT_DEADLOCK_ABORT", "1")
+        .output()
+        .expect("re-exec the test binary");
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    assert!(stdout.contains("test result: ok. 1 passed"), "the child ran the test: {stdout}");
+    for text in [&stdout, &stderr] {
+        assert!(!text.contains("panicked") && !text.contains("boom"), "printed: {stdout}\n{stderr}");
+    }
+}
+
+/// With stderr a pipe nobody reads any more, a panicking fiber still unwinds into its join's
+/// `Err`: the line naming it is skipped (writing it would fail, and a failing `eprint!` in the
+/// panic hook aborts the process).
+#[test]
+fn a_panic_with_stderr_closed_still_unwinds() {
+    if std::env::var(CHILD).as_deref() == Ok("closed-stderr") {
+        let h = vt::spawn(|| panic!("boom with nobody reading"));
+        assert!(h.join().is_err());
+        println!("child done");
+        return;
+    }
+    let test = "a_panic_with_stderr_closed_still_unwinds";
+    let mut child = Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", test, "--nocapture", "--test-threads=1"])
+        .env(CHILD, "closed-stderr")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("re-exec the test binary");
+    drop(child.stderr.take()); // the reader goes before the child writes anything
+    let out = child.wait_with_output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{:?} {stdout}", out.status);
+    assert!(stdout.contains("child done"), "{stdout}");
+}
+
 #[test]
 fn sigquit_prints_the_dump() {
     if std::env::var(CHILD).as_deref() == Ok("sigquit") {
