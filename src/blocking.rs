@@ -142,6 +142,8 @@ fn helper() {
     }
 }
 
+/// `let text = vt::blocking(|| legacy_client.fetch(&key))?;`
+///
 /// Runs `f`, a call that blocks its OS thread (a blocking syscall, a foreign library, a
 /// `std::sync::Mutex` held elsewhere, `std::thread::sleep`), without blocking the caller's
 /// carrier: called from a fiber, `f` runs on a helper thread while the fiber parks, so the other

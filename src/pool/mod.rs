@@ -59,6 +59,8 @@ enum Entry {
     },
 }
 
+/// `let pool = vt::ThreadPool::new(16); pool.execute(|| work()); pool.join();`
+///
 /// A pool of at most `max_count` jobs running at once, each in a fiber, with the `threadpool`
 /// crate's methods. Clones share the pool. Dropping the last handle waits for nothing: queued
 /// jobs still run, and everything is freed when the last one finishes.
