@@ -1066,3 +1066,36 @@ fn a_held_receiver_is_given_back_when_the_send_fails() {
         });
     });
 }
+
+/// A selected send on a buffered channel reserves no room: forgetting its operation
+/// (`mem::forget`) leaves the channel as it was, and dropping it returns (crossbeam's
+/// `forget_select_bounded` asserts that its drop hangs there).
+#[test]
+fn a_forgotten_selected_send_reserves_no_room() {
+    let (s, r) = channel::bounded::<u8>(1);
+    let mut sel = channel::Select::new();
+    sel.send(&s);
+    std::mem::forget(sel.select());
+    drop(sel);
+    assert_eq!(s.try_send(1), Ok(()));
+    assert_eq!(r.try_recv(), Ok(1));
+    drop((s, r));
+}
+
+/// crossbeam's import style: `use vt::channel::select` brings the macro alone, so a module
+/// of the user's named `select` beside it compiles (E0255 before: the import was a module).
+mod crossbeam_style_imports {
+    use virtual_threads::channel::{select, select_biased, unbounded};
+
+    #[allow(dead_code)]
+    mod select {}
+
+    #[test]
+    fn the_macros_come_from_the_channel_module() {
+        let (s, r) = unbounded::<i32>();
+        s.send(1).unwrap();
+        select! { recv(r) -> v => assert_eq!(v, Ok(1)) }
+        s.send(2).unwrap();
+        select_biased! { recv(r) -> v => assert_eq!(v, Ok(2)) }
+    }
+}
