@@ -27,9 +27,9 @@
 //!
 //! Protocol, message-slot ownership rules and proof sketch: `arch/sync.md`.
 //!
-//! One protocol, kept in one file (~1,000 lines and its loom models) on purpose: the locked
-//! paths, the fast slot and select's registrations share the invariants above, and each is
-//! checked against the others; split, they would be read apart.
+//! One protocol, kept in one file (~1,000 lines; its loom models are `tests/loom_chan.rs`) on
+//! purpose: the locked paths, the fast slot and select's registrations share the invariants
+//! above, and each is checked against the others; split, they would be read apart.
 
 use std::collections::VecDeque;
 use std::fmt;

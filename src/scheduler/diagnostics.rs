@@ -485,14 +485,19 @@ pub(crate) fn install_panic_hook() {
             let name = rec.name().map(|n| format!(" {n:?}")).unwrap_or_default();
             let carrier = std::thread::current();
             let carrier = carrier.name().unwrap_or("<unnamed>");
-            // One write, so that the line stays whole among other threads' output; an error
-            // writing to stderr is no reason to abort (a panic in the hook would).
+            // One write, so that the line stays whole among other threads' output. Through
+            // `eprint!`, as std's own panic message goes, so that a test harness capturing the
+            // thread's output (libtest) captures this line with it: a passing test that provokes
+            // a panic prints neither. `eprint!` panics if stderr fails, and a panic in the hook
+            // aborts: skip the line where stderr can no longer be written (a closed pipe).
             let line = format!(
                 "fiber {}{name} (spawned at {}) panicked on carrier thread '{carrier}':\n",
                 rec.id(),
                 rec.spawned_at()
             );
-            let _ = std::io::Write::write_all(&mut std::io::stderr(), line.as_bytes());
+            if crate::platform::stderr_writable() {
+                eprint!("{line}");
+            }
         }
         previous(info)
     }));
