@@ -101,6 +101,7 @@ pub mod channel;
 mod fiber;
 pub mod fs;
 pub mod future;
+mod join_set;
 mod loom;
 pub mod net;
 mod platform;
@@ -110,8 +111,12 @@ mod scheduler;
 mod scope;
 pub mod signal;
 pub mod sync;
+mod task_scope;
 
 pub use blocking::blocking;
+pub use fiber::cancel::{
+    CancelHandle, Cancelled, Elapsed, check_cancelled, deadline, is_cancelled, timeout, uncancellable,
+};
 pub use fiber::compact::no_compaction;
 pub use fiber::handle::{Fiber, current};
 pub use fiber::id::FiberId;
@@ -121,6 +126,7 @@ pub use fiber::park::{park, park_timeout, yield_now};
 pub use fiber::sleep::{sleep, sleep_until};
 pub use fiber::stack::{DEFAULT_STACK_SIZE, MAX_STACK_SIZE, MIN_STACK_SIZE};
 pub use fiber::wait::WaitReason;
+pub use join_set::JoinSet;
 pub use pool::{PoolScope, ThreadPool, ThreadPoolBuilder};
 pub use runtime::inspect::{dump, metrics};
 pub use runtime::metrics::{BlockingLocation, CarrierMetrics, Metrics};
@@ -128,3 +134,4 @@ pub use runtime::spawn::{Builder, spawn};
 pub use runtime::{Handle, Runtime};
 pub use scheduler::diagnostics::{FiberDump, FiberGroup, FiberInfo, FiberState};
 pub use scope::{Scope, ScopedJoinHandle, join, pinned, scope};
+pub use task_scope::{TaskError, TaskScope, Tasks};
