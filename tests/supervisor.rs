@@ -537,3 +537,29 @@ fn a_runtime_with_a_million_carrier_bound_builds_at_once_and_grows_on_demand() {
     assert!(m.carriers_peak >= 100, "{m}");
     drop(rt);
 }
+
+/// Calls beyond the 256 helper threads run on their own carriers, compensated, rather than
+/// queue for a helper that is waiting for them: 300 blocking calls in one barrier of 300 hung.
+#[test]
+fn more_blocking_calls_than_helpers_in_one_barrier_all_return() {
+    let rt = vt::Runtime::builder().carriers(2).build().unwrap();
+    let barrier = Arc::new(std::sync::Barrier::new(300));
+    let (tx, rx) = mpsc::channel();
+    let hs: Vec<_> = (0..300)
+        .map(|_| {
+            let (b, tx) = (barrier.clone(), tx.clone());
+            rt.spawn(move || {
+                vt::blocking(|| b.wait());
+                tx.send(()).unwrap();
+            })
+        })
+        .collect();
+    for i in 0..300 {
+        assert!(
+            rx.recv_timeout(Duration::from_secs(30)).is_ok(),
+            "{i} of 300 calls returned\n{}",
+            rt.metrics()
+        );
+    }
+    hs.into_iter().for_each(|h| h.join().unwrap());
+}
