@@ -56,6 +56,9 @@ const REPORT_BLOCKED_AFTER: Duration = Duration::from_secs(1);
 /// own off-CPU time has been judged: its first window may not be readable yet (the thread has
 /// not published its id).
 const PRESUMED_SAMPLES: u8 = 2;
+/// Carriers beyond this many times the target are a runaway compensation, said once
+/// (`diagnostics::report_runaway`).
+const RUNAWAY_FACTOR: usize = 4;
 /// ZIO's rule after its false-positive bug: more than 64 runs at a location, and at least half
 /// of them caught blocking, make it known-blocking.
 const KNOWN_MIN_RUNS: u64 = 64;
@@ -101,6 +104,7 @@ pub(crate) fn run(rt: RuntimeRef) {
     let mut tick: u64 = 0;
     let mut aggregated: u64 = 0;
     let mut profile = Profile::default();
+    let mut runaway_reported = false;
     let mut starving: HashSet<usize> = HashSet::new();
     let mut reported: HashSet<usize> = HashSet::new();
     let mut quiet: Option<(u64, usize)> = None;
@@ -121,8 +125,21 @@ pub(crate) fn run(rt: RuntimeRef) {
             }
         }
         surge(&rt, &mut watch, waiting);
+        if watch.iter().any(|w| w.blocked) {
+            // Whatever moved the counts this tick (a surge's carrier that took the last
+            // unblocked carrier's place, a spare that retired while counted), `target` carriers
+            // stay unblocked while the supervisor counts some blocked: two loads when they do.
+            rt.compensate();
+        }
         poll_unread_sets(&rt, &mut watch);
         saturation.check(&rt);
+        if !runaway_reported {
+            let active = rt.active.load(Ordering::Relaxed);
+            if active > RUNAWAY_FACTOR * rt.target {
+                runaway_reported = true;
+                crate::scheduler::diagnostics::report_runaway(&rt, active);
+            }
+        }
         if let Some(a) = &mut affinity {
             a.check(&rt);
         }
