@@ -7,6 +7,7 @@
 //! Run: `cargo run --release --example chained_fork`
 //! Flags: `--n N` links per op (default 10,000), `--iters K` timed ops (default 200),
 //! `--carriers C` (default: the runtime's, one per usable CPU).
+//! Ctrl-C or SIGTERM stops it after the op under way, with the ops timed so far.
 
 use std::time::Instant;
 use virtual_threads as vt;
@@ -47,9 +48,10 @@ fn main() {
         }
         secs * 1e9 / n as f64
     });
-    let per = bench::spread(run.ops);
     let carriers = rt.carriers();
     println!("chained_fork: {n} links per op, {carriers} carriers, {iters} ops ({} warm-up)", run.warm_up);
+    run.say_if_stopped("chained_fork");
+    let per = bench::spread(run.ops);
     println!("  per link {:>8.1} ns  median (min {:.1}, max {:.1})", per.median, per.min, per.max);
 }
 

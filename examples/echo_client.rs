@@ -1,6 +1,6 @@
 //! A load generator for `echo_server`: many client fibers, each on its own connection, send
 //! messages one at a time and check every echoed byte. Reports throughput and the p50/p99
-//! round-trip latency.
+//! round-trip latency; Ctrl-C or SIGTERM stops it with those of the round trips made so far.
 //!
 //! Run: `cargo run --release --example echo_client -- --conns 1000 --msgs 1000 --size 64`
 //! Flags: `--addr HOST:PORT` (default 127.0.0.1:7000), `--conns N` (default 100), `--msgs N`
@@ -12,6 +12,8 @@ use virtual_threads as vt;
 
 #[path = "common/args.rs"]
 mod args;
+#[path = "common/bench.rs"]
+mod bench;
 
 /// One connection's run: its round-trip times.
 fn client(addr: &str, msgs: usize, size: usize, seed: usize) -> std::io::Result<Vec<Duration>> {
@@ -20,7 +22,7 @@ fn client(addr: &str, msgs: usize, size: usize, seed: usize) -> std::io::Result<
     let mut out = vec![0u8; size];
     let mut back = vec![0u8; size];
     let mut rtts = Vec::with_capacity(msgs);
-    for m in 0..msgs {
+    for m in (0..msgs).take_while(|_| !bench::stopped()) {
         out.iter_mut().enumerate().for_each(|(i, b)| *b = (i ^ m ^ seed) as u8);
         let start = Instant::now();
         conn.write_all(&out)?;
@@ -46,13 +48,9 @@ fn main() {
         ],
     );
     let addr: String = a.value("--addr");
-    let (conns, msgs, size) = (a.value::<usize>("--conns"), a.value("--msgs"), a.positive("--size").unwrap());
-    let carriers: Option<usize> = a.get("--carriers");
-    let mut builder = vt::Runtime::builder();
-    if let Some(n) = carriers {
-        builder = builder.carriers(n);
-    }
-    let rt = builder.build().unwrap_or_else(|e| fail(&format!("cannot build the runtime: {e}")));
+    let (conns, msgs) = (a.positive("--conns").unwrap(), a.positive("--msgs").unwrap());
+    let size = a.positive("--size").unwrap();
+    let rt = bench::runtime("echo_client", a.get("--carriers"));
     let start = Instant::now();
     let mut rtts: Vec<Duration> = rt.block_on(|| {
         let fibers: Vec<_> = (0..conns)
@@ -65,6 +63,12 @@ fn main() {
         results.flat_map(|r| r.unwrap_or_else(|e| fail(&e.to_string()))).collect()
     });
     let secs = start.elapsed().as_secs_f64();
+    if bench::stopped() {
+        println!("stopped by a signal after {} of {} round trips", rtts.len(), conns * msgs);
+    }
+    if rtts.is_empty() {
+        return;
+    }
     rtts.sort_unstable();
     let pct = |p: f64| rtts[((rtts.len() as f64 * p) as usize).min(rtts.len() - 1)];
     let n = rtts.len() as f64;

@@ -8,6 +8,7 @@
 //! Run: `cargo run --release --example ping_pong`
 //! Flags: `--rounds R` round trips per op (default 10,000), `--iters K` timed ops (default 50),
 //! `--carriers C` (default: the runtime's, one per usable CPU).
+//! Ctrl-C or SIGTERM stops it after the op under way, with the ops timed so far.
 
 use std::time::Instant;
 use virtual_threads as vt;
@@ -47,12 +48,13 @@ fn main() {
         ping_pong(rounds);
         start.elapsed().as_secs_f64() * 1e9 / rounds as f64
     });
-    let per = bench::spread(run.ops);
     let carriers = rt.carriers();
     println!(
         "ping_pong: {rounds} round trips per op, {carriers} carriers, {iters} ops ({} warm-up)",
         run.warm_up
     );
+    run.say_if_stopped("ping_pong");
+    let per = bench::spread(run.ops);
     println!("  per round trip {:>8.1} ns  median (min {:.1}, max {:.1})", per.median, per.min, per.max);
 }
 

@@ -6,6 +6,7 @@
 //! Run: `cargo run --release --example sleep_many`
 //! Flags: `--fibers N` (default 10,000), `--iters K` timed ops (default 30), `--carriers C`
 //! (default: the runtime's, one per usable CPU).
+//! Ctrl-C or SIGTERM stops it after the op under way, with the ops timed so far.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -50,13 +51,14 @@ fn main() {
         let (wall, armed) = sleep_many(fibers);
         (wall.as_secs_f64() * 1e3 - 10.0, armed.as_secs_f64() * 1e3)
     });
-    let over = bench::spread(run.ops.iter().map(|o| o.0).collect());
-    let armed = bench::spread(run.ops.iter().map(|o| o.1).collect());
     let carriers = rt.carriers();
     println!(
         "sleep_many: {fibers} fibers sleep 10 ms per op, {carriers} carriers, {iters} ops ({} warm-up)",
         run.warm_up
     );
+    run.say_if_stopped("sleep_many");
+    let over = bench::spread(run.ops.iter().map(|o| o.0).collect());
+    let armed = bench::spread(run.ops.iter().map(|o| o.1).collect());
     println!(
         "  over the ideal {:>+7.2} ms  median (min {:+.2}, max {:+.2})",
         over.median, over.min, over.max

@@ -7,6 +7,7 @@
 //! Run: `cargo run --release --example yield_many`
 //! Flags: `--fibers T` (default 1,000), `--yields Y` per fiber (default 1,000), `--iters K`
 //! timed ops (default 20), `--carriers C` (default: the runtime's, one per usable CPU).
+//! Ctrl-C or SIGTERM stops it after the op under way, with the ops timed so far.
 
 use std::time::Instant;
 use virtual_threads as vt;
@@ -42,12 +43,13 @@ fn main() {
         yield_many(fibers, yields);
         start.elapsed().as_secs_f64() * 1e9 / (fibers * yields) as f64
     });
-    let per = bench::spread(run.ops);
     let carriers = rt.carriers();
     println!(
         "yield_many: {fibers} fibers x {yields} yields per op, {carriers} carriers, {iters} ops ({} warm-up)",
         run.warm_up
     );
+    run.say_if_stopped("yield_many");
+    let per = bench::spread(run.ops);
     println!("  per yield {:>8.1} ns  median (min {:.1}, max {:.1})", per.median, per.min, per.max);
 }
 

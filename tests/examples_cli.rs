@@ -1,6 +1,7 @@
 //! The examples behave like tools: `--help` lists the flags with their defaults, an unknown
-//! flag is a clear error with status 2, and Ctrl-C or SIGTERM stops `echo_server` with status
-//! 0. Runs the example binaries that `cargo test` builds next to this test's.
+//! flag is a clear error with status 2, and Ctrl-C or SIGTERM stops `echo_server`, and the
+//! long-running examples with their summary, with status 0. Runs the example binaries that
+//! `cargo test` builds next to this test's.
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::path::PathBuf;
@@ -69,5 +70,68 @@ fn echo_server_stops_cleanly_on_sigint_and_sigterm() {
         out.read_to_string(&mut rest).unwrap();
         assert!(status.success(), "echo_server after {name}: {status:?}");
         assert!(rest.contains(&format!("{name}, stopping after 1 connections")), "{rest}");
+    }
+}
+
+#[test]
+fn fork_join_times_os_threads_too_and_prints_the_ratio() {
+    let out = example("fork_join").args(["--n", "200", "--iters", "6", "--carriers", "1"]).output().unwrap();
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(out.status.success(), "fork_join: {:?} {}", out.status, String::from_utf8_lossy(&out.stderr));
+    for line in [
+        "200 fibers per op, 1 carriers, 6 ops (3 warm-up), 3 on OS threads between them",
+        "per fiber",
+        "OS threads",
+        "per thread",
+        "fibers / OS threads: ",
+    ] {
+        assert!(text.contains(line), "no {line:?} in:\n{text}");
+    }
+    assert!(text.trim_end().ends_with("x the throughput"), "{text}");
+
+    let out = example("fork_join").args(["--n", "200", "--iters", "6", "--no-threads"]).output().unwrap();
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(out.status.success() && text.contains("per fiber"), "{text}");
+    assert!(!text.contains("OS threads"), "--no-threads ran threads:\n{text}");
+}
+
+/// Starts `name` with `args`, waits for its first line (printed once it handles signals), sends
+/// `sig` and returns its exit status and everything it printed.
+fn stopped_by(name: &str, args: &[&str], sig: i32) -> (std::process::ExitStatus, String) {
+    let mut child = example(name).args(args).stdout(Stdio::piped()).spawn().unwrap();
+    let mut out = BufReader::new(child.stdout.take().unwrap());
+    let mut text = String::new();
+    out.read_line(&mut text).unwrap();
+    // SAFETY: kill(2) to the child we started.
+    assert_eq!(unsafe { libc::kill(child.id() as i32, sig) }, 0);
+    // A child that ignores the signal would hang the suite: after a generous while, end it.
+    let (done, wait) = std::sync::mpsc::channel::<()>();
+    let pid = child.id() as i32;
+    let watchdog = std::thread::spawn(move || {
+        let ended = wait.recv_timeout(std::time::Duration::from_secs(120)).is_ok();
+        // SAFETY: kill(2) to the child we started, which has not been waited for yet.
+        ended || unsafe { libc::kill(pid, libc::SIGKILL) } != 0
+    });
+    out.read_to_string(&mut text).unwrap();
+    let _ = done.send(()); // the watchdog may have given up already
+    assert!(watchdog.join().unwrap(), "{name} {args:?} did not stop within 120 s of signal {sig}:\n{text}");
+    (child.wait().unwrap(), text)
+}
+
+#[test]
+fn long_runs_stop_on_sigint_and_sigterm_with_their_summary() {
+    for (sig, name) in [(libc::SIGINT, "SIGINT"), (libc::SIGTERM, "SIGTERM")] {
+        // Warm-up alone would take hours: the signal comes before any timed op.
+        let (status, text) =
+            stopped_by("fork_join", &["--n", "100", "--iters", "100000000", "--carriers", "1"], sig);
+        assert!(status.success(), "fork_join after {name}: {status:?}\n{text}");
+        assert!(text.contains("stopped by a signal"), "fork_join after {name}:\n{text}");
+
+        let (status, text) = stopped_by("soak", &["--secs", "3600", "--no-net", "--carriers", "1"], sig);
+        assert!(status.success(), "soak after {name}: {status:?}\n{text}");
+        assert!(
+            text.contains("stopped by a signal after") && text.contains("soak: ok"),
+            "soak after {name}:\n{text}"
+        );
     }
 }

@@ -784,3 +784,253 @@ fn a_select_is_clone_send_and_sync() {
         }
     });
 }
+
+// ---- a select waiting to send is a counterpart, and a chosen send holds its receiver ----
+
+/// Waits (yielding) until fiber `id` is parked on `reason`.
+fn until_parked(h: &vt::Handle, id: vt::FiberId, reason: vt::WaitReason) {
+    let t0 = Instant::now();
+    while !h
+        .dump()
+        .fibers()
+        .iter()
+        .any(|f| f.id == id && matches!(f.state, vt::FiberState::Parked { reason: r, .. } if r == reason))
+    {
+        assert!(t0.elapsed() < Duration::from_secs(60), "fiber {id:?} never parked on {reason}");
+        vt::yield_now();
+    }
+}
+
+/// A sender parked in `select!` or `Select::select` on a rendezvous channel is found by the
+/// first non-blocking receive (`try_recv`, `select!` with `default`, `ready()` then
+/// `try_recv`), as a sender parked in `send` is; before, they saw an empty channel.
+#[test]
+fn non_blocking_receives_meet_a_sender_parked_in_a_select() {
+    let rt = rt();
+    let h = rt.handle();
+    within(Duration::from_secs(120), move || {
+        rt.block_on(|| {
+            let (s, r) = channel::bounded::<u32>(0);
+            let (_idle_tx, idle) = channel::bounded::<u32>(0);
+            for (round, how) in (0..4).flat_map(|round| (0..3).map(move |how| (round, how))) {
+                let msg = round * 10 + how;
+                let (s, idle2) = (s.clone(), idle.clone());
+                let sender = vt::spawn(move || {
+                    let idle = idle2;
+                    if round % 2 == 0 {
+                        vt::select! {
+                            send(s, msg) -> res => res.unwrap(),
+                            recv(idle) -> _ => unreachable!(),
+                        }
+                    } else {
+                        let mut sel = channel::Select::new();
+                        let op_s = sel.send(&s);
+                        sel.recv(&idle);
+                        let op = sel.select();
+                        assert_eq!(op.index(), op_s);
+                        op.send(&s, msg).unwrap();
+                    }
+                });
+                until_parked(&h, sender.fiber().id(), vt::WaitReason::Select);
+                let got = match how {
+                    0 => r.try_recv(),
+                    1 => vt::select! {
+                        recv(r) -> v => Ok(v.unwrap()),
+                        default => Err(channel::TryRecvError::Empty),
+                    },
+                    _ => {
+                        let mut sel = channel::Select::new();
+                        sel.recv(&idle);
+                        let op_r = sel.recv(&r);
+                        assert_eq!(sel.ready_timeout(Duration::from_secs(30)), Ok(op_r));
+                        r.try_recv()
+                    }
+                };
+                assert_eq!(got, Ok(msg), "round {round}, receive {how}");
+                sender.join().unwrap();
+            }
+        });
+    });
+}
+
+/// A `select!` send arm chosen for a waiting receiver holds that receiver while its message
+/// is made, even when making it receives from the same rendezvous channel: the next sender
+/// serves the select's own receive, not the held receiver (which would leave the select
+/// waiting for ever). The held receiver waits past its deadline meanwhile.
+#[test]
+fn a_chosen_send_holds_its_receiver_while_the_message_is_made() {
+    let rt = rt();
+    let h = rt.handle();
+    within(Duration::from_secs(120), move || {
+        rt.block_on(|| {
+            // 0: a fiber in `recv` (the fast slot); 1: a fiber in `recv_timeout` (a queued
+            // slot with a deadline); 2: a plain thread in `recv`.
+            for how in 0..3 {
+                let (s, r) = channel::bounded::<u32>(0);
+                let r1 = r.clone();
+                let receive = move || match how {
+                    1 => r1.recv_timeout(Duration::from_millis(200)).map_err(|_| channel::RecvError),
+                    _ => r1.recv(),
+                };
+                let first: Box<dyn FnOnce() -> Result<u32, channel::RecvError>> = if how == 2 {
+                    let (parked_tx, parked_rx) = std::sync::mpsc::channel();
+                    let t = std::thread::spawn(move || {
+                        parked_tx.send(()).unwrap();
+                        receive()
+                    });
+                    parked_rx.recv().unwrap();
+                    // The thread cannot be watched parking: wait until the channel is ready
+                    // to send, which on a rendezvous channel means a receiver waits.
+                    let mut sel = channel::Select::new();
+                    sel.send(&s);
+                    assert_eq!(sel.ready_timeout(Duration::from_secs(60)), Ok(0));
+                    Box::new(move || t.join().unwrap())
+                } else {
+                    let f = vt::spawn(receive);
+                    let reason = vt::WaitReason::ChannelRecv;
+                    until_parked(&h, f.fiber().id(), reason);
+                    Box::new(move || f.join().unwrap())
+                };
+                let s2 = s.clone();
+                let selecting = vt::spawn(move || {
+                    vt::select! {
+                        send(s, r.recv().unwrap() + 1) -> res => res.unwrap(),
+                    }
+                });
+                until_parked(&h, selecting.fiber().id(), vt::WaitReason::ChannelRecv);
+                if how == 1 {
+                    // Past the held receiver's deadline: it is held, so it still gets the message.
+                    vt::sleep(Duration::from_millis(300));
+                }
+                s2.send(41).unwrap();
+                assert_eq!(first(), Ok(42), "receiver {how}");
+                selecting.join().unwrap();
+            }
+        });
+    });
+}
+
+/// Every party selects over a receive and a send on one rendezvous channel (dynamic `Select`
+/// and `select!`, fibers and plain threads, copies of one `Select` too), and one plain
+/// sender joins: they pair up, everyone finishes, and each message arrives once, never at
+/// its own sender. A send chosen without holding its receiver deadlocked here: two chosen
+/// senders were left, both sending.
+#[test]
+fn selects_over_send_and_receive_on_one_channel_all_pair_up() {
+    use std::sync::Mutex;
+    within(Duration::from_secs(240), || {
+        let rt = rt();
+        for round in 0..200 {
+            let parties = [21, 55][round % 2];
+            let (s, r) = channel::bounded::<usize>(0);
+            let got = std::sync::Arc::new(Mutex::new(Vec::new()));
+            rt.block_on(|| {
+                let (s, r, got) = (&s, &r, &got);
+                let mut shared = channel::Select::new();
+                let op_r = shared.recv(r);
+                let op_s = shared.send(s);
+                let shared = &shared;
+                std::thread::scope(|threads| {
+                    vt::scope(|fibers| {
+                        for i in 0..parties {
+                            let party = move || {
+                                let received = match (round + i) % 5 {
+                                    0 => vt::select! {
+                                        recv(r) -> v => Some(v.unwrap()),
+                                        send(s, i) -> res => { res.unwrap(); None },
+                                    },
+                                    1 | 2 => {
+                                        let mut sel = channel::Select::new();
+                                        let o_r = sel.recv(r);
+                                        let o_s = sel.send(s);
+                                        let op = sel.select();
+                                        match op.index() {
+                                            x if x == o_r => Some(op.recv(r).unwrap()),
+                                            x if x == o_s => op.send(s, i).map(|()| None).unwrap(),
+                                            _ => unreachable!(),
+                                        }
+                                    }
+                                    _ => {
+                                        let op = shared.clone().select();
+                                        match op.index() {
+                                            x if x == op_r => Some(op.recv(r).unwrap()),
+                                            x if x == op_s => op.send(s, i).map(|()| None).unwrap(),
+                                            _ => unreachable!(),
+                                        }
+                                    }
+                                };
+                                if let Some(v) = received {
+                                    assert_ne!(v, i, "a party received its own message");
+                                    got.lock().unwrap().push(v);
+                                }
+                            };
+                            if i % 4 == 3 {
+                                threads.spawn(party);
+                            } else {
+                                fibers.spawn(party);
+                            }
+                        }
+                        s.send(usize::MAX).unwrap();
+                    });
+                });
+            });
+            assert_eq!(r.try_recv(), Err(channel::TryRecvError::Empty));
+            let got = got.lock().unwrap();
+            // `parties + 1` parties, paired: half of them received, each message once.
+            assert_eq!(got.len(), parties.div_ceil(2), "round {round}");
+            let distinct: std::collections::HashSet<_> = got.iter().collect();
+            assert_eq!(distinct.len(), got.len(), "round {round}: a message arrived twice");
+        }
+    });
+}
+
+/// A held receiver is given back when the send that held it cannot complete: its message
+/// expression panicked, or its `SelectedOperation` was dropped unsent. A receive that picked
+/// such a sender retries (`try_recv` reports the channel empty); a plain receiver gets the
+/// next sender's message.
+#[test]
+fn a_held_receiver_is_given_back_when_the_send_fails() {
+    let rt = rt();
+    let h = rt.handle();
+    within(Duration::from_secs(120), move || {
+        rt.block_on(|| {
+            let (s, r) = channel::bounded::<u32>(0);
+            // The receiver waits first; the select holds it, then its message panics.
+            let r1 = r.clone();
+            let receiver = vt::spawn(move || r1.recv());
+            until_parked(&h, receiver.fiber().id(), vt::WaitReason::ChannelRecv);
+            let s1 = s.clone();
+            let panicked = vt::spawn(move || {
+                vt::select! { send(s1, panic!("no message")) -> _ => {} }
+            });
+            assert!(panicked.join().is_err());
+            s.send(1).unwrap();
+            assert_eq!(receiver.join().unwrap(), Ok(1));
+
+            // The select waits first; a `try_recv` picks it, then its message panics.
+            let (go_tx, go_rx) = channel::bounded::<()>(0);
+            let s1 = s.clone();
+            let panicking = vt::spawn(move || {
+                vt::select! { send(s1, { go_rx.recv().unwrap(); panic!("no message") }) -> _ => {} }
+            });
+            until_parked(&h, panicking.fiber().id(), vt::WaitReason::Select);
+            let go = vt::spawn(move || go_tx.send(()).unwrap());
+            assert_eq!(r.try_recv(), Err(channel::TryRecvError::Empty));
+            assert!(panicking.join().is_err());
+            go.join().unwrap();
+
+            // A `Select` send chosen for a waiting receiver, its operation dropped unsent.
+            let r1 = r.clone();
+            let receiver = vt::spawn(move || r1.recv());
+            until_parked(&h, receiver.fiber().id(), vt::WaitReason::ChannelRecv);
+            let dropped = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                let mut sel = channel::Select::new();
+                sel.send(&s);
+                drop(sel.select());
+            }));
+            assert!(dropped.is_err());
+            s.send(2).unwrap();
+            assert_eq!(receiver.join().unwrap(), Ok(2));
+        });
+    });
+}

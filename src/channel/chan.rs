@@ -27,9 +27,9 @@
 //!
 //! Protocol, message-slot ownership rules and proof sketch: `arch/sync.md`.
 //!
-//! One protocol, kept in one file (~1,000 lines and its loom models) on purpose: the locked
-//! paths, the fast slot and select's registrations share the invariants above, and each is
-//! checked against the others; split, they would be read apart.
+//! One protocol, kept in one file (~1,000 lines; its loom models are `tests/loom_chan.rs`) on
+//! purpose: the locked paths, the fast slot and select's registrations share the invariants
+//! above, and each is checked against the others; split, they would be read apart.
 
 use std::collections::VecDeque;
 use std::fmt;
@@ -62,6 +62,9 @@ const READY: usize = 3;
 /// The locked state is not empty (buffer, queued slots, disconnection): the owner may not arm.
 /// Set by everyone who takes the inner lock, cleared under it.
 const SLOW: usize = 4;
+/// The owner was unwound (its runtime dropped) while a sender held the slot `CLAIMED`: the
+/// sender takes its message back when it publishes, and the slot is dead for good.
+const GONE: usize = 8;
 
 pub(crate) struct Chan<T> {
     synced: loom::Mutex<Synced<T>>,
@@ -107,6 +110,10 @@ struct Synced<T> {
     /// channel ready wakes them all, and they look again.
     send_watchers: Vec<Watcher>,
     recv_watchers: Vec<Watcher>,
+    /// Lazy senders (watchers that `sends`) that a receiver picked: the sender's waiter and
+    /// operation, and the receive slot it must fill once its message is made. Taken by the
+    /// sender's select when it unregisters.
+    picked: Vec<(Arc<Waiter>, usize, Arc<Slot<T>>)>,
     /// `after` and `tick` channels: when the next message is due. Nobody sends on them.
     timer: Option<Timer<T>>,
 }
@@ -127,7 +134,15 @@ fn give_back_room<T>(buf: &mut VecDeque<T>) {
 }
 
 /// A select's waiter and the index of its operation on this channel.
-type Watcher = (Arc<Waiter>, usize);
+pub(crate) struct Watcher {
+    waiter: Arc<Waiter>,
+    op: usize,
+    /// A send that will happen once chosen (a `select!` send arm whose message is not made
+    /// yet, a `Select::select` send), not a mere `ready()`: a receiver that finds no message
+    /// may pick it, and it then sends to that receiver alone (crossbeam's semantics: a waiting
+    /// select is a counterpart, `try_recv` included).
+    sends: bool,
+}
 
 /// Wakes every watcher in `watchers` but the waiter `except` (a select registering its own
 /// slots must not wake itself).
@@ -146,12 +161,12 @@ fn notify(watchers: &mut Vec<Watcher>, except: Option<&Waiter>) {
 
 #[inline(never)]
 fn notify_all(watchers: &mut Vec<Watcher>, except: Option<&Waiter>) {
-    watchers.retain(|(waiter, op)| {
-        if except.is_some_and(|e| std::ptr::eq(&**waiter, e)) {
+    watchers.retain(|w| {
+        if except.is_some_and(|e| std::ptr::eq(&*w.waiter, e)) {
             return true;
         }
-        if waiter.wake(*op) {
-            waiter.unpark();
+        if w.waiter.wake(w.op) {
+            w.waiter.unpark();
         }
         false
     });
@@ -199,6 +214,7 @@ impl<T> Synced<T> {
             && !self.receivers_gone
             && self.send_watchers.is_empty()
             && self.recv_watchers.is_empty()
+            && self.picked.is_empty()
             && self.timer.is_none()
     }
 
@@ -286,8 +302,9 @@ impl<T> Slot<T> {
 
     /// Stores a message into a receive slot. Precondition: as for [`Slot::take`].
     fn put(&self, value: T) {
-        // SAFETY: the caller holds the inner lock and has not yet tried `grant`, so the waiter
-        // does not read `msg` (it reads only after `Granted`), and no other sender is here.
+        // SAFETY: the caller holds the inner lock, or holds the slot out of every queue (a
+        // `Reserved`), and has not yet tried `grant`: the waiter does not read `msg` (it reads
+        // only after `Granted`), and no other sender can reach the slot.
         self.msg.with_mut(|msg| unsafe { *msg = Some(value) });
     }
 
@@ -336,6 +353,73 @@ impl<T> Drop for Guard<'_, T> {
             // Relaxed: the owner's arm reads nothing the locked state guards; it only needs
             // the bit, and the lock orders every setter and clearer of it.
             self.chan.fast.fetch_and(!SLOW, Ordering::Relaxed);
+        }
+    }
+}
+
+/// What a receive that did not block got: a message (and a counterpart to unpark), or a lazy
+/// sender it picked (to unpark; then await the message in the slot).
+pub(crate) enum Got<'a, T> {
+    Msg(T, Wake<'a, T>),
+    Picked(Arc<Slot<T>>, Arc<Waiter>),
+}
+
+/// A receiver held for one sender whose message is being made (a `select!` send arm, a
+/// `Select` send): `fill` completes it; dropped unfilled (the message expression panicked,
+/// a `SelectedOperation` dropped), it gives the receiver back, which retries.
+pub(crate) struct Reserved<'a, T>(Option<Held<'a, T>>);
+
+enum Held<'a, T> {
+    /// A receive slot taken out of the queue, its waiter `HELD`.
+    Slot(Arc<Slot<T>>),
+    /// The fresh slot of a receiver that picked this sender, waiting in it.
+    Picked(Arc<Slot<T>>),
+    /// The fast slot, `CLAIMED`.
+    Fast(&'a Chan<T>),
+}
+
+impl<T> Reserved<'_, T> {
+    /// Delivers `msg` to the held receiver; `Err` gives it back if that receiver is gone (its
+    /// runtime's drop unwound it).
+    pub(crate) fn fill(mut self, msg: T) -> Result<(), T> {
+        match self.0.take().expect("a reservation is filled once") {
+            Held::Slot(slot) => {
+                slot.put(msg);
+                if slot.waiter().grant_held(slot.op) {
+                    slot.waiter().unpark();
+                    return Ok(());
+                }
+                Err(slot.take().expect("message put just above"))
+            }
+            Held::Picked(slot) => {
+                slot.put(msg);
+                if slot.grant() {
+                    slot.waiter().unpark();
+                    return Ok(());
+                }
+                Err(slot.take().expect("message put just above"))
+            }
+            Held::Fast(chan) => match chan.fill_fast(Some(msg)) {
+                Ok(()) => {
+                    chan.unpark_fast();
+                    Ok(())
+                }
+                Err(back) => Err(back.expect("a message handed back")),
+            },
+        }
+    }
+}
+
+impl<T> Drop for Reserved<'_, T> {
+    fn drop(&mut self) {
+        // Never parks or panics: this runs when a message expression unwinds.
+        match self.0.take() {
+            Some(Held::Slot(slot)) if slot.waiter().release_held(slot.op) => slot.waiter().unpark(),
+            Some(Held::Picked(slot)) if slot.waiter().wake(slot.op) => slot.waiter().unpark(),
+            // "Retry on the locked path", as after a disconnection.
+            Some(Held::Fast(chan)) if chan.fill_fast(None).is_ok() => chan.unpark_fast(),
+            // Filled, or the receiver is gone (unwound by its runtime's drop).
+            _ => {}
         }
     }
 }
@@ -390,6 +474,7 @@ impl<T> Chan<T> {
                 spare: Vec::new(),
                 send_watchers: Vec::new(),
                 recv_watchers: Vec::new(),
+                picked: Vec::new(),
                 timer,
             }),
             cap,
@@ -435,19 +520,29 @@ impl<T> Chan<T> {
         false
     }
 
-    /// Fills the claimed fast slot (`None`: the senders are gone) and publishes it
-    /// (`CLAIMED → READY`). The caller unparks the owner next (`unpark_fast`), outside the
-    /// inner lock if it holds it.
-    fn fill_fast(&self, msg: Option<T>) {
+    /// Fills the claimed fast slot (`None`: the senders are gone, or "retry on the locked
+    /// path") and publishes it (`CLAIMED → READY`). The caller unparks the owner next
+    /// (`unpark_fast`), outside the inner lock if it holds it. If the owner is `GONE`, the
+    /// message comes back instead (and there is nobody to unpark).
+    #[must_use = "a message handed back must be delivered elsewhere"]
+    fn fill_fast(&self, msg: Option<T>) -> Result<(), Option<T>> {
         self.fast_msg.with_mut(|m| {
             // SAFETY: we hold the slot `CLAIMED`: the owner reads the cell only after `READY`
             // and emptied it before arming (ordered by our claim's Acquire), and no other
             // sender can claim it. So this overwrites `None` and drops nothing.
             unsafe { *m = msg };
         });
-        // An RMW, not a store: a lock holder may set or clear `SLOW` meanwhile. Release pairs
-        // with the owner's Acquire load of `READY`: the message is visible to it.
-        self.fast.fetch_add(READY - CLAIMED, Ordering::Release);
+        // An RMW, not a store: a lock holder may set or clear `SLOW` meanwhile, the unwinding
+        // owner `GONE`. Release pairs with the owner's Acquire load of `READY`: the message is
+        // visible to it.
+        let before = self.fast.fetch_add(READY - CLAIMED, Ordering::AcqRel);
+        if before & GONE == 0 {
+            return Ok(());
+        }
+        Err(self.fast_msg.with_mut(|m| {
+            // SAFETY: the owner left for good without reading the cell; we wrote it above.
+            unsafe { (*m).take() }
+        }))
     }
 
     /// Unparks the fast slot's owner after `fill_fast`.
@@ -466,9 +561,13 @@ impl<T> Chan<T> {
         if !self.claim_armed() {
             return Err(msg);
         }
-        self.fill_fast(Some(msg));
-        self.unpark_fast();
-        Ok(())
+        match self.fill_fast(Some(msg)) {
+            Ok(()) => {
+                self.unpark_fast();
+                Ok(())
+            }
+            Err(msg) => Err(msg.expect("a message handed back")),
+        }
     }
 
     /// Arms the fast slot for the calling receiver: if it is (or becomes) the slot's owner and
@@ -561,16 +660,31 @@ impl<T> Chan<T> {
         impl<T> Drop for OnUnwind<'_, T> {
             fn drop(&mut self) {
                 let chan = self.0;
-                if chan.cancel_fast() {
-                    return;
-                }
-                // Claimed: the filler is between its claim and its publish, with no call that
-                // can block in between, so this wait is short.
-                while chan.fast.load(Ordering::Acquire) & TAG != READY {
-                    std::thread::yield_now();
-                }
-                if let Some(msg) = chan.take_fast() {
-                    chan.hand_on(msg);
+                let mut w = chan.fast.load(Ordering::Acquire);
+                loop {
+                    match w & TAG {
+                        ARMED if chan.cancel_fast() => return,
+                        READY => {
+                            if let Some(msg) = chan.take_fast() {
+                                chan.hand_on(msg);
+                            }
+                            return;
+                        }
+                        // A sender holds the slot, perhaps while it makes its message (a
+                        // `select!` reservation), which may take any time: leave it `GONE`,
+                        // and the sender keeps its message.
+                        CLAIMED => {
+                            match chan.fast.compare_exchange(w, w | GONE, Ordering::AcqRel, Ordering::Acquire)
+                            {
+                                Ok(_) => return,
+                                Err(actual) => w = actual,
+                            }
+                            continue;
+                        }
+                        IDLE => return,
+                        _ => {}
+                    }
+                    w = chan.fast.load(Ordering::Acquire);
                 }
             }
         }
@@ -637,11 +751,13 @@ impl<T> Chan<T> {
         }
         // The fast slot's owner is the oldest receiver (nobody queues while it is armed
         // without `SLOW` set, and `SLOW` stops it arming behind queued ones).
-        if self.claim_armed() {
-            self.fill_fast(Some(msg));
-            return Ok(Wake(WakeKind::Fast(self)));
-        }
         let mut msg = msg;
+        if self.claim_armed() {
+            match self.fill_fast(Some(msg)) {
+                Ok(()) => return Ok(Wake(WakeKind::Fast(self))),
+                Err(back) => msg = back.expect("a message handed back"),
+            }
+        }
         // Invariant 1: a waiting receiver means an empty buffer, so serving it first keeps
         // FIFO order. Stale slots (cancelled, or another select arm won) are dropped.
         while let Some(slot) = synced.receivers.pop_front() {
@@ -728,16 +844,63 @@ impl<T> Chan<T> {
 
     pub(crate) fn try_recv(&self) -> Result<T, TryRecvError> {
         let mut synced = self.lock();
-        let result = Self::try_recv_locked(&mut synced);
+        let result = Self::try_recv_locked(&mut synced, None);
         drop(synced);
-        result.map(|(msg, wake)| {
-            wake.unpark();
-            msg
-        })
+        match result? {
+            Got::Msg(msg, wake) => {
+                wake.unpark();
+                Ok(msg)
+            }
+            // Not quite non-blocking, as in crossbeam: the picked sender makes its message now.
+            Got::Picked(slot, sender) => {
+                sender.unpark();
+                self.await_pick(&slot).ok_or(TryRecvError::Empty)
+            }
+        }
     }
 
-    /// Receives without blocking, with the inner lock held.
-    fn try_recv_locked<'a>(synced: &mut Synced<T>) -> Result<(T, Wake<'a, T>), TryRecvError> {
+    /// Waits in `slot` for the message of the lazy sender that this receiver picked; `None`
+    /// if the sender gave the pick back (its message expression panicked): retry.
+    pub(crate) fn await_pick(&self, slot: &Arc<Slot<T>>) -> Option<T> {
+        let abandon = |outcome: Option<Outcome>| {
+            // Unwound by the runtime's drop after the message came: hand it on. Before it
+            // came, the waiter is cancelled and the sender keeps its message.
+            if let Some(Outcome::Granted(_)) = outcome {
+                if let Some(msg) = slot.take() {
+                    self.hand_on(msg);
+                }
+            }
+        };
+        match slot.waiter().wait_or_abandon(WaitReason::ChannelRecv, None, abandon) {
+            // The sender wrote the message before its Release `grant`.
+            Outcome::Granted(_) => Some(slot.take().expect("granted receive slot")),
+            Outcome::Woken(_) | Outcome::TimedOut => None,
+        }
+    }
+
+    /// Picks a lazy sender (a watcher that `sends`, not `me`'s) for a receiver that found no
+    /// message: wakes it through that operation and gives it a fresh receive slot to fill.
+    fn pick_lazy_sender(synced: &mut Synced<T>, me: Option<&Waiter>) -> Option<(Arc<Slot<T>>, Arc<Waiter>)> {
+        let mut picked = None;
+        synced.send_watchers.retain(|w| {
+            if picked.is_some() || !w.sends || me.is_some_and(|me| std::ptr::eq(&*w.waiter, me)) {
+                return true;
+            }
+            if w.waiter.wake(w.op) {
+                picked = Some((w.waiter.clone(), w.op));
+            }
+            // Picked, or stale (its select already chose something else).
+            false
+        });
+        let (sender, op) = picked?;
+        let slot = synced.own_slot(None);
+        synced.picked.push((sender.clone(), op, slot.clone()));
+        Some((slot, sender))
+    }
+
+    /// Receives without blocking, with the inner lock held; `me` as for
+    /// [`Locked::recv_ready`].
+    fn try_recv_locked<'a>(synced: &mut Synced<T>, me: Option<&Waiter>) -> Result<Got<'a, T>, TryRecvError> {
         // Stale send slots are dropped from the queue; their owners take their messages back
         // from their own `Arc` (the rules on `Slot`).
         let served = synced.senders.pop_accepted(|slot| slot.grant());
@@ -761,20 +924,24 @@ impl<T> Chan<T> {
                 Some(slot) => slot.take().expect("granted send slot"),
                 None => {
                     if let Some(msg) = synced.timer.as_mut().and_then(Timer::fire) {
-                        return Ok((msg, Wake(WakeKind::None)));
+                        return Ok(Got::Msg(msg, Wake(WakeKind::None)));
                     }
                     if synced.senders_gone {
                         return Err(TryRecvError::Disconnected);
                     }
-                    // A receiver is here, even if only polling: a select waiting to send here
-                    // makes its message and offers it in a send slot, so that a `try_recv`
-                    // loop on a rendezvous channel meets it.
+                    // A select waiting to send here is a counterpart, as a sender parked in
+                    // `send` is: pick it, and it sends its message to us alone.
+                    if let Some((slot, sender)) = Self::pick_lazy_sender(synced, me) {
+                        return Ok(Got::Picked(slot, sender));
+                    }
+                    // A receiver is here, even if only polling: a `ready()` waiting to send
+                    // here looks again.
                     notify(&mut synced.send_watchers, None);
                     return Err(TryRecvError::Empty);
                 }
             },
         };
-        Ok((msg, Wake(served.map_or(WakeKind::None, WakeKind::Slot))))
+        Ok(Got::Msg(msg, Wake(served.map_or(WakeKind::None, WakeKind::Slot))))
     }
 
     /// Blocking receive with an optional deadline.
@@ -808,11 +975,19 @@ impl<T> Chan<T> {
                 }
             }
             let mut synced = self.lock();
-            match Self::try_recv_locked(&mut synced) {
-                Ok((msg, wake)) => {
+            match Self::try_recv_locked(&mut synced, None) {
+                Ok(Got::Msg(msg, wake)) => {
                     drop(synced);
                     wake.unpark();
                     return Ok(msg);
+                }
+                Ok(Got::Picked(slot, sender)) => {
+                    drop(synced);
+                    sender.unpark();
+                    match self.await_pick(&slot) {
+                        Some(msg) => return Ok(msg),
+                        None => continue,
+                    }
                 }
                 Err(TryRecvError::Disconnected) => return Err(RecvTimeoutError::Disconnected),
                 Err(TryRecvError::Empty) => {}
@@ -865,10 +1040,14 @@ impl<T> Chan<T> {
     /// came from may be taken again, so this may exceed `cap` by one). Never parks or panics.
     fn redeliver(&self, mut synced: Guard<'_, T>, mut msg: T) {
         if self.claim_armed() {
-            self.fill_fast(Some(msg));
-            drop(synced);
-            self.unpark_fast();
-            return;
+            match self.fill_fast(Some(msg)) {
+                Ok(()) => {
+                    drop(synced);
+                    self.unpark_fast();
+                    return;
+                }
+                Err(back) => msg = back.expect("a message handed back"),
+            }
         }
         while let Some(next) = synced.receivers.pop_front() {
             next.put(msg);
@@ -906,10 +1085,7 @@ impl<T> Chan<T> {
             let mut synced = self.lock();
             synced.senders_gone = true;
             // `senders_gone` keeps `SLOW` set for good: the slot is never armed again.
-            let fast = self.claim_armed();
-            if fast {
-                self.fill_fast(None);
-            }
+            let fast = self.claim_armed() && self.fill_fast(None).is_ok();
             notify(&mut synced.recv_watchers, None);
             (fast, synced.receivers.take_all())
         };
@@ -957,12 +1133,16 @@ impl<'a, T> Locked<'a, T> {
             || self.synced.receivers.iter().any(|s| counterpart(s, me))
     }
 
-    /// Whether a receive would complete now; `me` as for [`Locked::send_ready`].
+    /// Whether a receive would complete now (a waiting lazy sender counts: it would be
+    /// picked); `me` as for [`Locked::send_ready`].
     pub(crate) fn recv_ready(&self, me: Option<&Waiter>) -> bool {
         !self.synced.buf.is_empty()
             || self.synced.senders_gone
             || self.synced.senders.iter().any(|s| counterpart(s, me))
             || self.synced.timer.as_ref().is_some_and(Timer::is_due)
+            || self.synced.send_watchers.iter().any(|w| {
+                w.sends && w.waiter.is_waiting() && !me.is_some_and(|me| std::ptr::eq(&*w.waiter, me))
+            })
     }
 
     /// When a timer channel fires next (a select waiting on it parks until then at most).
@@ -970,22 +1150,63 @@ impl<'a, T> Locked<'a, T> {
         self.synced.timer.as_ref().and_then(|t| t.next)
     }
 
-    /// Registers `waiter` to be woken when the channel may have become ready to send.
-    pub(crate) fn watch_send(&mut self, waiter: &Arc<Waiter>, op: usize) {
-        self.synced.send_watchers.push((waiter.clone(), op));
+    /// Registers `waiter` to be woken when the channel may have become ready to send;
+    /// `sends`: it will send once chosen, so a receiver may pick it (see [`Watcher`]).
+    pub(crate) fn watch_send(&mut self, waiter: &Arc<Waiter>, op: usize, sends: bool) {
+        self.synced.send_watchers.push(Watcher { waiter: waiter.clone(), op, sends });
     }
 
     /// Registers `waiter` to be woken when the channel may have become ready to receive.
     pub(crate) fn watch_recv(&mut self, waiter: &Arc<Waiter>, op: usize) {
-        self.synced.recv_watchers.push((waiter.clone(), op));
+        self.synced.recv_watchers.push(Watcher { waiter: waiter.clone(), op, sends: false });
+    }
+
+    /// The receive slot a receiver picked operation `op` of `waiter` for, if one did.
+    pub(crate) fn take_pick(&mut self, waiter: &Waiter, op: usize) -> Option<Reserved<'a, T>> {
+        let picked = &mut self.synced.picked;
+        let i = picked.iter().position(|(w, o, _)| std::ptr::eq(&**w, waiter) && *o == op)?;
+        let (_, _, slot) = picked.swap_remove(i);
+        Some(Reserved(Some(Held::Picked(slot))))
+    }
+
+    /// Chooses a send for a sender whose message is not made yet (`me`: its select's waiter,
+    /// whose own receive slots do not count). `None`: not ready. `Some(None)`: ready without
+    /// a counterpart to hold (room in the buffer, or the receivers are gone: the send then
+    /// completes or fails at once). `Some(Some(_))`: a waiting receiver, now held for this
+    /// sender alone until it fills or drops the reservation.
+    pub(crate) fn choose_send(&mut self, me: Option<&Waiter>) -> Option<Option<Reserved<'a, T>>> {
+        let synced = &mut *self.synced;
+        if synced.receivers_gone || synced.buf.len() < self.chan.cap {
+            return Some(None);
+        }
+        // The fast slot's owner is the oldest receiver. Held `CLAIMED`, it waits past its
+        // deadline, as a held waiter does.
+        if self.chan.claim_armed() {
+            return Some(Some(Reserved(Some(Held::Fast(self.chan)))));
+        }
+        let mut i = 0;
+        while let Some(slot) = synced.receivers.get(i) {
+            if me.is_some_and(|me| std::ptr::eq(slot.waiter(), me)) {
+                i += 1;
+                continue;
+            }
+            let slot = synced.receivers.remove_at(i).expect("an index just read");
+            // A stale slot (its waiter cancelled or served elsewhere) is dropped on the way.
+            if slot.waiter().hold(slot.op) {
+                return Some(Some(Reserved(Some(Held::Slot(slot)))));
+            }
+        }
+        None
     }
 
     pub(crate) fn try_send(&mut self, msg: T) -> Result<Wake<'a, T>, TrySendError<T>> {
         self.chan.try_send_locked(&mut self.synced, msg)
     }
 
-    pub(crate) fn try_recv(&mut self) -> Result<(T, Wake<'a, T>), TryRecvError> {
-        Chan::try_recv_locked(&mut self.synced)
+    /// Receives without blocking; `me` as for [`Locked::recv_ready`]. A picked sender is
+    /// to be unparked, and its message awaited (`Chan::await_pick`), once the lock is released.
+    pub(crate) fn try_recv(&mut self, me: Option<&Waiter>) -> Result<Got<'a, T>, TryRecvError> {
+        Chan::try_recv_locked(&mut self.synced, me)
     }
 
     pub(crate) fn register_send(&mut self, slot: Arc<Slot<T>>) {
@@ -1006,7 +1227,7 @@ impl<'a, T> Locked<'a, T> {
         synced.senders.remove(waiter);
         synced.receivers.remove(waiter);
         for watchers in [&mut synced.send_watchers, &mut synced.recv_watchers] {
-            watchers.retain(|(w, _)| !std::ptr::eq(&**w, waiter));
+            watchers.retain(|w| !std::ptr::eq(&*w.waiter, waiter));
         }
     }
 }

@@ -8,7 +8,7 @@
 use std::fmt;
 use std::time::{Duration, Instant};
 
-use super::chan::Chan;
+use super::chan::{Chan, Reserved};
 use super::error::{ReadyTimeoutError, SelectTimeoutError, TryReadyError, TrySelectError};
 use super::select::{self, ArmList, ArmOps, Deadline, NeverArm, RecvArm, WatchArm};
 use super::{Receiver, RecvError, SendError, Sender};
@@ -22,10 +22,11 @@ use super::{Receiver, RecvError, SendError, Sender};
 /// [`ready`](Select::ready) family only says which operation is ready, and the caller then
 /// tries it (in a loop: another party may take the readiness first).
 ///
-/// A selected receive has already taken its message. A selected send was ready when chosen
-/// (a receiver waiting, or room in the buffer); if a competing sender takes that room, or the
-/// waiting receiver times out, before [`SelectedOperation::send`] runs, that send waits as
-/// [`Sender::send`] does (crossbeam reserves the room instead).
+/// A selected receive has already taken its message. A selected send was chosen for a
+/// waiting receiver, which is then held for it alone until [`SelectedOperation::send`] (or the
+/// operation's drop, which gives it back), as in crossbeam; or for room in the buffer, and if
+/// a competing sender takes that room first, that send waits as [`Sender::send`] does
+/// (crossbeam reserves the room too).
 ///
 /// ```
 /// use virtual_threads as vt;
@@ -61,6 +62,10 @@ trait OpArms<'a> {
     fn take_result(&mut self) -> Option<Erased<'a>>;
     /// The same operation with fresh arms, for `Select::clone`.
     fn fresh(&self) -> Box<dyn OpArms<'a> + 'a>;
+    /// The receiver held for a selected send (sends only).
+    fn take_reserved(&mut self) -> Option<ErasedReserved<'a>> {
+        None
+    }
 }
 
 struct RecvOp<'a, T> {
@@ -69,6 +74,9 @@ struct RecvOp<'a, T> {
 }
 
 struct SendOp<'a, T> {
+    /// For `select`: chosen, it holds a receiver (`sends`).
+    pick: WatchArm<'a, T>,
+    /// For `ready`: only looks.
     watch: WatchArm<'a, T>,
 }
 
@@ -88,13 +96,13 @@ impl<'a, T: 'a> OpArms<'a> for RecvOp<'a, T> {
 
     fn fresh(&self) -> Box<dyn OpArms<'a> + 'a> {
         let chan = self.take.chan();
-        Box::new(RecvOp { take: RecvArm::on(chan), watch: WatchArm::new(chan, false) })
+        Box::new(RecvOp { take: RecvArm::on(chan), watch: WatchArm::new(chan, false, false) })
     }
 }
 
 impl<'a, T: 'a> OpArms<'a> for SendOp<'a, T> {
     fn select_arm(&mut self) -> &mut dyn ArmOps {
-        &mut self.watch
+        &mut self.pick
     }
 
     fn ready_arm(&mut self) -> &mut dyn ArmOps {
@@ -106,7 +114,18 @@ impl<'a, T: 'a> OpArms<'a> for SendOp<'a, T> {
     }
 
     fn fresh(&self) -> Box<dyn OpArms<'a> + 'a> {
-        Box::new(SendOp { watch: WatchArm::new(self.watch.chan(), true) })
+        Box::new(SendOp::new(self.watch.chan()))
+    }
+
+    fn take_reserved(&mut self) -> Option<ErasedReserved<'a>> {
+        let reserved: Box<dyn Any + 'a> = Box::new(self.pick.take_reserved()?);
+        Some(ErasedReserved(reserved))
+    }
+}
+
+impl<'a, T> SendOp<'a, T> {
+    fn new(chan: &'a Chan<T>) -> Self {
+        SendOp { pick: WatchArm::new(chan, true, true), watch: WatchArm::new(chan, true, false) }
     }
 }
 
@@ -117,6 +136,10 @@ impl<T: ?Sized> Any for T {}
 
 /// A received `Result<T, RecvError>`, its type erased.
 struct Erased<'a>(Box<dyn Any + 'a>);
+
+/// The `Reserved<'a, T>` receiver held for a selected send, its type erased. Dropped unused
+/// (the `SelectedOperation` dropped, or panicking), it gives the receiver back.
+struct ErasedReserved<'a>(Box<dyn Any + 'a>);
 
 /// The operations as `select.rs`'s engine sees them: removed ones are never ready.
 struct Arms<'s, 'a> {
@@ -162,13 +185,13 @@ impl<'a> Select<'a> {
     /// crossbeam's, and the one here moves received messages itself.
     pub fn send<T: Send>(&mut self, s: &'a Sender<T>) -> usize {
         let chan = s.chan();
-        self.push(chan, true, Box::new(SendOp { watch: WatchArm::new(chan, true) }))
+        self.push(chan, true, Box::new(SendOp::new(chan)))
     }
 
     /// Adds a receive on `r`; returns its index. `T: Send`, as for [`Select::send`].
     pub fn recv<T: Send>(&mut self, r: &'a Receiver<T>) -> usize {
         let chan = r.chan();
-        let op = RecvOp { take: RecvArm::on(chan), watch: WatchArm::new(chan, false) };
+        let op = RecvOp { take: RecvArm::on(chan), watch: WatchArm::new(chan, false, false) };
         self.push(chan, false, Box::new(op))
     }
 
@@ -239,6 +262,7 @@ impl<'a> Select<'a> {
             chan: op.chan,
             send: op.send,
             result: op.arms.take_result(),
+            reserved: op.arms.take_reserved(),
             done: false,
         })
     }
@@ -302,6 +326,7 @@ pub struct SelectedOperation<'a> {
     chan: usize,
     send: bool,
     result: Option<Erased<'a>>,
+    reserved: Option<ErasedReserved<'a>>,
     done: bool,
 }
 
@@ -318,7 +343,18 @@ impl SelectedOperation<'_> {
     pub fn send<T>(mut self, s: &Sender<T>, msg: T) -> Result<(), SendError<T>> {
         assert!(self.send && self.chan == address(s.chan()), "passed a sender that wasn't selected");
         self.done = true;
-        s.send(msg)
+        let Some(ErasedReserved(reserved)) = self.reserved.take() else {
+            // Chosen for room in the buffer (or the receivers are gone).
+            return s.send(msg);
+        };
+        let raw = Box::into_raw(reserved).cast::<Reserved<'_, T>>();
+        // SAFETY: as in `recv`: the box was made by `SendOp::<T'>::take_reserved` as a
+        // `Reserved<'a, T'>` for the channel at `self.chan`, which is `s`'s (alive, borrowed
+        // for `'a`), and a channel is seen through one message type only, so `T' == T`. The
+        // lifetime is `'a` shortened, as `Reserved` is covariant in it.
+        let reserved = *unsafe { Box::from_raw(raw) };
+        // Its receiver was unwound meanwhile (a runtime's drop): send as usual.
+        reserved.fill(msg).or_else(|msg| s.send(msg))
     }
 
     /// Completes the selected receive: the message it took, or `Err` if the channel was empty

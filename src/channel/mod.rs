@@ -29,16 +29,26 @@
 //!   without a switch point (`vt::yield_now`, any blocking call) keeps its carrier from running
 //!   anything else, including the fiber that would make it ready; the CPU-starvation warning
 //!   names such a fiber. Use `recv`, `recv_timeout` or a `select!` instead.
-//! - A send chosen by the dynamic [`Select`] is completed by the caller afterwards and may wait
-//!   if the readiness it was chosen for went meanwhile (see [`Select`]).
+//! - A send chosen by the dynamic [`Select`] for room in a buffer may wait in
+//!   [`SelectedOperation::send`] if another sender took that room meanwhile (crossbeam reserves
+//!   the room; here only a waiting receiver is held for the chosen send; see [`Select`]).
 
 mod chan;
 mod dynamic;
 mod error;
 pub mod oneshot;
-#[doc(hidden)]
-pub mod select;
+mod select;
 mod select_macros;
+
+/// The engine behind [`select!`](crate::select), for the macro's expansion only. Not named
+/// `select`: `use vt::channel::select;` must bring the macro alone, as with crossbeam-channel,
+/// so that a user's own `mod select` beside it does not clash.
+#[doc(hidden)]
+pub mod __select {
+    pub use super::select::{Arm, Deadline, RecvArm, SendArm, run};
+}
+
+pub use crate::{select, select_biased};
 
 use std::fmt;
 use std::panic::{RefUnwindSafe, UnwindSafe};

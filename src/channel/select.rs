@@ -11,7 +11,10 @@
 //!   become ready, look again. A send arm chosen before its message exists makes it (a
 //!   closure the macro wrote around the message expression, run outside every lock) and sends
 //!   it without waiting; if the room went meanwhile the arm keeps the message and the select
-//!   goes round again, the arm now a send arm of the second kind. (Making the message in the
+//!   goes round again, the arm now a send arm of the second kind.
+//!   A send chosen for a waiting receiver holds that receiver while the message is made, and a
+//!   receiver that finds a watching send arm picks it and waits for the message (`Reserved`
+//!   in `chan.rs`; `arch/sync.md`, "holds and picks"). (Making the message in the
 //!   macro's own code instead would put the expression inside that retry loop, and a message
 //!   that moves a value would not compile.)
 //!
@@ -31,7 +34,7 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use super::chan::{Chan, Slot, SlotWaiter};
+use super::chan::{Chan, Got, Reserved, Slot, SlotWaiter};
 use super::{Receiver, RecvError, SendError, Sender, TryRecvError, TrySendError};
 use crate::fiber::wait::WaitReason;
 use crate::sync::loom::{self, Arc};
@@ -91,8 +94,8 @@ pub(crate) trait ArmOps {
     fn try_now(&mut self) -> Poll;
     /// Step 2.
     fn try_or_register(&mut self, waiter: &Arc<Waiter>, op: usize) -> Poll;
-    /// Step 4.
-    fn unregister(&mut self, waiter: &Waiter);
+    /// Step 4; `op` is this arm's index.
+    fn unregister(&mut self, waiter: &Waiter, op: usize);
     /// The waiter was granted this arm: collect the result the counterpart left.
     fn complete_granted(&mut self);
     /// The waiter was granted this arm, but the runtime's drop is unwinding the select: hand
@@ -141,7 +144,7 @@ impl ArmOps for NeverArm {
     fn try_or_register(&mut self, _: &Arc<Waiter>, _: usize) -> Poll {
         Poll::Pending
     }
-    fn unregister(&mut self, _: &Waiter) {}
+    fn unregister(&mut self, _: &Waiter, _: usize) {}
     fn complete_granted(&mut self) {
         unreachable!("a never-ready arm is never granted")
     }
@@ -164,6 +167,8 @@ pub struct SendArm<'a, T, F> {
     msg: Option<T>,
     slot: Option<Arc<Slot<T>>>,
     watching: bool,
+    /// The receiver this arm was chosen for, held while the message is made.
+    reserved: Option<Reserved<'a, T>>,
     result: Option<Result<(), SendError<T>>>,
 }
 
@@ -172,8 +177,12 @@ pub struct SendArm<'a, T, F> {
 pub(crate) struct WatchArm<'a, T> {
     chan: &'a Chan<T>,
     send: bool,
+    /// A `Select::select` send: chosen, it holds a receiver for the caller's
+    /// `SelectedOperation::send` (not a `ready()`, which only looks).
+    sends: bool,
     registered: bool,
     wake_at: Option<Instant>,
+    reserved: Option<Reserved<'a, T>>,
 }
 
 impl<'a, T> RecvArm<'a, T> {
@@ -209,7 +218,15 @@ impl<'a, T, F: FnOnce() -> T> SendArm<'a, T, F> {
     /// An arm sending on `tx` the message `make` returns; `make` runs only if the arm is
     /// chosen.
     pub fn new(tx: &'a Sender<T>, make: F) -> Self {
-        SendArm { chan: tx.chan(), make: Some(make), msg: None, slot: None, watching: false, result: None }
+        SendArm {
+            chan: tx.chan(),
+            make: Some(make),
+            msg: None,
+            slot: None,
+            watching: false,
+            reserved: None,
+            result: None,
+        }
     }
 
     /// The arm, type-erased for [`run`].
@@ -238,8 +255,14 @@ impl<'a, T, F: FnOnce() -> T> SendArm<'a, T, F> {
 }
 
 impl<'a, T> WatchArm<'a, T> {
-    pub(crate) fn new(chan: &'a Chan<T>, send: bool) -> Self {
-        WatchArm { chan, send, registered: false, wake_at: None }
+    /// `sends`: a `Select::select` send (see the field); false for receives and `ready()`.
+    pub(crate) fn new(chan: &'a Chan<T>, send: bool, sends: bool) -> Self {
+        WatchArm { chan, send, sends, registered: false, wake_at: None, reserved: None }
+    }
+
+    /// The receiver held for the caller's send, if the arm was chosen with one.
+    pub(crate) fn take_reserved(&mut self) -> Option<Reserved<'a, T>> {
+        self.reserved.take()
     }
 
     pub(crate) fn chan(&self) -> &'a Chan<T> {
@@ -270,7 +293,7 @@ impl<T> ArmOps for RecvArm<'_, T> {
     }
 
     fn try_or_register(&mut self, waiter: &Arc<Waiter>, op: usize) -> Poll {
-        let (poll, wake) = self.chan.with_lock(|locked| {
+        let (poll, got) = self.chan.with_lock(|locked| {
             if !locked.recv_ready(Some(waiter)) {
                 let slot = Arc::new(Slot::new(SlotWaiter::Shared(waiter.clone()), op, None));
                 locked.register_recv(slot.clone());
@@ -279,14 +302,11 @@ impl<T> ArmOps for RecvArm<'_, T> {
                 self.wake_at = locked.next_firing();
                 return (Poll::Pending, None);
             }
-            if waiter.cancel().is_err() {
+            if !waiter.cancel() {
                 return (Poll::Preempted, None);
             }
-            match locked.try_recv() {
-                Ok((msg, wake)) => {
-                    self.result = Some(Ok(msg));
-                    (Poll::Done, Some(wake))
-                }
+            match locked.try_recv(Some(waiter)) {
+                Ok(got) => (Poll::Done, Some(got)),
                 Err(TryRecvError::Disconnected) => {
                     self.result = Some(Err(RecvError));
                     (Poll::Done, None)
@@ -294,13 +314,27 @@ impl<T> ArmOps for RecvArm<'_, T> {
                 Err(TryRecvError::Empty) => (Poll::Lost, None),
             }
         });
-        if let Some(wake) = wake {
-            wake.unpark();
+        match got {
+            None => poll,
+            Some(Got::Msg(msg, wake)) => {
+                wake.unpark();
+                self.result = Some(Ok(msg));
+                Poll::Done
+            }
+            Some(Got::Picked(slot, sender)) => {
+                sender.unpark();
+                match self.chan.await_pick(&slot) {
+                    Some(msg) => {
+                        self.result = Some(Ok(msg));
+                        Poll::Done
+                    }
+                    None => Poll::Lost,
+                }
+            }
         }
-        poll
     }
 
-    fn unregister(&mut self, waiter: &Waiter) {
+    fn unregister(&mut self, waiter: &Waiter, _: usize) {
         if std::mem::take(&mut self.registered) {
             self.chan.with_lock(|locked| locked.unregister(waiter));
         }
@@ -329,22 +363,35 @@ impl<T, F: FnOnce() -> T> ArmOps for SendArm<'_, T, F> {
         if self.msg.is_some() {
             return if self.send_now() { Poll::Done } else { Poll::Pending };
         }
-        if self.chan.with_lock(|locked| locked.send_ready(None)) { Poll::Chosen } else { Poll::Pending }
+        match self.chan.with_lock(|locked| locked.choose_send(None)) {
+            None => Poll::Pending,
+            Some(reserved) => {
+                self.reserved = reserved;
+                Poll::Chosen
+            }
+        }
     }
 
     fn try_or_register(&mut self, waiter: &Arc<Waiter>, op: usize) -> Poll {
         let chan = self.chan;
         let Some(msg) = self.msg.take() else {
-            // Not made yet: watch the channel, or claim the waiter and make it outside the lock.
+            // Not made yet: watch the channel (a receiver may pick us meanwhile), or claim the
+            // waiter, hold a receiver, and make the message outside the lock.
             return chan.with_lock(|locked| {
                 if !locked.send_ready(Some(waiter)) {
-                    locked.watch_send(waiter, op);
+                    locked.watch_send(waiter, op, true);
                     self.watching = true;
                     Poll::Pending
-                } else if waiter.cancel().is_err() {
+                } else if !waiter.cancel() {
                     Poll::Preempted
                 } else {
-                    Poll::Chosen
+                    match locked.choose_send(Some(waiter)) {
+                        Some(reserved) => {
+                            self.reserved = reserved;
+                            Poll::Chosen
+                        }
+                        None => Poll::Lost,
+                    }
                 }
             });
         };
@@ -355,7 +402,7 @@ impl<T, F: FnOnce() -> T> ArmOps for SendArm<'_, T, F> {
                 self.slot = Some(slot);
                 return (Poll::Pending, None);
             }
-            if waiter.cancel().is_err() {
+            if !waiter.cancel() {
                 self.msg = Some(msg);
                 return (Poll::Preempted, None);
             }
@@ -380,14 +427,20 @@ impl<T, F: FnOnce() -> T> ArmOps for SendArm<'_, T, F> {
         poll
     }
 
-    fn unregister(&mut self, waiter: &Waiter) {
+    fn unregister(&mut self, waiter: &Waiter, op: usize) {
         let slot = self.slot.take();
-        if slot.is_none() && !std::mem::take(&mut self.watching) {
+        let watching = std::mem::take(&mut self.watching);
+        if slot.is_none() && !watching {
             return;
         }
-        self.watching = false;
         self.chan.with_lock(|locked| {
             locked.unregister(waiter);
+            if watching {
+                // Picked by a receiver (which woke us through this arm): it waits for us alone.
+                if let Some(reserved) = locked.take_pick(waiter, op) {
+                    self.reserved = Some(reserved);
+                }
+            }
             // Under the inner lock: if a receiver was granted this slot it already took the
             // message (None here); otherwise the message is still ours.
             if let Some(msg) = slot.and_then(|slot| slot.take()) {
@@ -413,7 +466,26 @@ impl<T, F: FnOnce() -> T> ArmOps for SendArm<'_, T, F> {
 
     fn finish_chosen(&mut self) -> bool {
         if self.msg.is_none() {
+            if self.reserved.is_none() {
+                // Woken as a watcher, or chosen with room in the buffer: still ready? The
+                // message is made only for an arm that can send.
+                match self.chan.with_lock(|locked| locked.choose_send(None)) {
+                    None => return false,
+                    Some(reserved) => self.reserved = reserved,
+                }
+            }
+            // A panic here drops the reservation, which gives the held receiver back.
             self.msg = Some((self.make.take().expect("a send arm's message is made once"))());
+        }
+        if let Some(reserved) = self.reserved.take() {
+            match reserved.fill(self.msg.take().expect("a made message")) {
+                Ok(()) => {
+                    self.result = Some(Ok(()));
+                    return true;
+                }
+                // The held receiver was unwound by its runtime's drop: send as usual.
+                Err(msg) => self.msg = Some(msg),
+            }
         }
         self.send_now()
     }
@@ -421,6 +493,15 @@ impl<T, F: FnOnce() -> T> ArmOps for SendArm<'_, T, F> {
 
 impl<T> ArmOps for WatchArm<'_, T> {
     fn try_now(&mut self) -> Poll {
+        if self.sends {
+            return match self.chan.with_lock(|locked| locked.choose_send(None)) {
+                None => Poll::Pending,
+                Some(reserved) => {
+                    self.reserved = reserved;
+                    Poll::Done
+                }
+            };
+        }
         let send = self.send;
         let ready = self
             .chan
@@ -429,26 +510,50 @@ impl<T> ArmOps for WatchArm<'_, T> {
     }
 
     fn try_or_register(&mut self, waiter: &Arc<Waiter>, op: usize) -> Poll {
-        let send = self.send;
+        let (send, sends) = (self.send, self.sends);
+        let reserved = &mut self.reserved;
+        let wake_at = &mut self.wake_at;
+        let registered = &mut self.registered;
         self.chan.with_lock(|locked| {
             let ready = if send { locked.send_ready(Some(waiter)) } else { locked.recv_ready(Some(waiter)) };
             if ready {
-                return if waiter.cancel().is_ok() { Poll::Done } else { Poll::Preempted };
+                if !waiter.cancel() {
+                    return Poll::Preempted;
+                }
+                if !sends {
+                    return Poll::Done;
+                }
+                return match locked.choose_send(Some(waiter)) {
+                    Some(r) => {
+                        *reserved = r;
+                        Poll::Done
+                    }
+                    None => Poll::Lost,
+                };
             }
             if send {
-                locked.watch_send(waiter, op);
+                locked.watch_send(waiter, op, sends);
             } else {
                 locked.watch_recv(waiter, op);
-                self.wake_at = locked.next_firing();
+                *wake_at = locked.next_firing();
             }
-            self.registered = true;
+            *registered = true;
             Poll::Pending
         })
     }
 
-    fn unregister(&mut self, waiter: &Waiter) {
+    fn unregister(&mut self, waiter: &Waiter, op: usize) {
         if std::mem::take(&mut self.registered) {
-            self.chan.with_lock(|locked| locked.unregister(waiter));
+            let sends = self.sends;
+            let reserved = &mut self.reserved;
+            self.chan.with_lock(|locked| {
+                locked.unregister(waiter);
+                if sends {
+                    if let Some(r) = locked.take_pick(waiter, op) {
+                        *reserved = Some(r);
+                    }
+                }
+            });
         }
     }
 
@@ -459,10 +564,23 @@ impl<T> ArmOps for WatchArm<'_, T> {
     fn abandon_granted(&mut self) {}
 
     fn on_woken(&mut self) -> bool {
-        // Possibly ready (`ready()` may return spuriously, as crossbeam's does). A send woken
-        // by a polling receiver is ready only once its sender offers a message: the caller's
-        // `SelectedOperation::send` does, and the poller takes it.
+        // Possibly ready (`ready()` may return spuriously, as crossbeam's does).
         true
+    }
+
+    fn finish_chosen(&mut self) -> bool {
+        // A `Select::select` send is returned only with a receiver held for it (or with room,
+        // or disconnected): picked by a receiver, or one is waiting now.
+        if !self.sends || self.reserved.is_some() {
+            return true;
+        }
+        match self.chan.with_lock(|locked| locked.choose_send(None)) {
+            None => false,
+            Some(reserved) => {
+                self.reserved = reserved;
+                true
+            }
+        }
     }
 
     fn ready_at(&self) -> Option<Instant> {
@@ -520,7 +638,7 @@ pub(crate) fn run_list<L: ArmList + ?Sized>(arms: &mut L, deadline: Deadline, bi
                 // slot back, and hand on a message a sender already delivered to us.
                 let abandon = |outcome: Option<Outcome>| {
                     for i in 0..n {
-                        arms.get(i).unregister(&waiter);
+                        arms.get(i).unregister(&waiter, i);
                     }
                     if let Some(Outcome::Granted(i)) = outcome {
                         arms.get(i).abandon_granted();
@@ -531,7 +649,7 @@ pub(crate) fn run_list<L: ArmList + ?Sized>(arms: &mut L, deadline: Deadline, bi
             Poll::Done | Poll::Chosen | Poll::Lost => None,
         };
         for i in 0..n {
-            arms.get(i).unregister(&waiter);
+            arms.get(i).unregister(&waiter, i);
         }
         if let Some(i) = chosen {
             if matches!(polled, Poll::Done) || arms.get(i).finish_chosen() {

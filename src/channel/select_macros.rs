@@ -112,22 +112,22 @@ macro_rules! __vt_select {
     };
     (@parse $b:tt [default $(())? => $body:block $($rest:tt)*] $arms:tt [] $ids:tt) => {
         $crate::__vt_select!(@parse $b [$($rest)*] $arms
-            [($crate::channel::select::Deadline::Now) $body] $ids)
+            [($crate::channel::__select::Deadline::Now) $body] $ids)
     };
     (@parse $b:tt [default $(())? => $body:expr $(, $($rest:tt)*)?] $arms:tt [] $ids:tt) => {
         $crate::__vt_select!(@parse $b [$($($rest)*)?] $arms
-            [($crate::channel::select::Deadline::Now) { $body }] $ids)
+            [($crate::channel::__select::Deadline::Now) { $body }] $ids)
     };
     (@parse $b:tt [default($t:expr $(,)?) => $body:block, $($rest:tt)*] $arms:tt [] $ids:tt) => {
         $crate::__vt_select!(@parse $b [default($t) => $body $($rest)*] $arms [] $ids)
     };
     (@parse $b:tt [default($t:expr $(,)?) => $body:block $($rest:tt)*] $arms:tt [] $ids:tt) => {
         $crate::__vt_select!(@parse $b [$($rest)*] $arms
-            [($crate::channel::select::Deadline::after($t)) $body] $ids)
+            [($crate::channel::__select::Deadline::after($t)) $body] $ids)
     };
     (@parse $b:tt [default($t:expr $(,)?) => $body:expr $(, $($rest:tt)*)?] $arms:tt [] $ids:tt) => {
         $crate::__vt_select!(@parse $b [$($($rest)*)?] $arms
-            [($crate::channel::select::Deadline::after($t)) { $body }] $ids)
+            [($crate::channel::__select::Deadline::after($t)) { $body }] $ids)
     };
     (@parse $b:tt [default $($rest:tt)*] $arms:tt [$($def:tt)+] $ids:tt) => {
         ::core::compile_error!("select! takes at most one `default` arm")
@@ -153,7 +153,7 @@ macro_rules! __vt_select {
         match ($(&$chan,)*) {
             ($($id,)*) => {
                 $( let mut $id = $crate::__vt_select!(@new $kind $id [$($m)?]); )*
-                $crate::channel::select::run(
+                $crate::channel::__select::run(
                     &mut [$($id.arm()),*],
                     $crate::__vt_select!(@deadline $def),
                     $b,
@@ -163,9 +163,9 @@ macro_rules! __vt_select {
             }
         }
     };
-    (@new recv $chan:ident []) => { $crate::channel::select::RecvArm::new($chan) };
-    (@new send $chan:ident [$m:expr]) => { $crate::channel::select::SendArm::new($chan, || $m) };
-    (@deadline []) => { $crate::channel::select::Deadline::Never };
+    (@new recv $chan:ident []) => { $crate::channel::__select::RecvArm::new($chan) };
+    (@new send $chan:ident [$m:expr]) => { $crate::channel::__select::SendArm::new($chan, || $m) };
+    (@deadline []) => { $crate::channel::__select::Deadline::Never };
     (@deadline [($deadline:expr) $body:block]) => { $deadline };
     (@dispatch [($id:ident $p:pat => $body:block) $($rest:tt)*] $def:tt) => {
         if let ::core::option::Option::Some(__vt_res) = $id {

@@ -12,7 +12,7 @@ use std::cell::Cell;
 use std::ptr;
 
 use super::FiberRecord;
-use super::local::Locals;
+use super::local_map::Locals;
 
 /// The fiber a carrier runs now (null between fibers): a field of the scheduler's `Carrier`,
 /// written by it at every switch, read here through the pointer `set_carrier` registered.

@@ -14,6 +14,7 @@ pub(crate) mod handle;
 pub(crate) mod id;
 pub(crate) mod join;
 pub(crate) mod local;
+mod local_map;
 pub(crate) mod overflow;
 pub(crate) mod park;
 pub(crate) mod schedule;
@@ -179,7 +180,7 @@ pub(crate) struct FiberRecord {
     runtime: UnsafeCell<Option<RuntimeRef>>,
     name: UnsafeCell<Option<Box<str>>>,
     id: Cell<FiberId>,
-    pub(crate) locals: local::Locals,
+    pub(crate) locals: local_map::Locals,
     /// Moved on (a CAS from the armed value) by whichever of the fiber and its timer ends a
     /// timed park first (`time::disarm`), so a late timer does not wake a later park and the
     /// fiber knows when its deadline passed. Never reset, not even when the record is reused.
@@ -281,7 +282,7 @@ impl FiberRecord {
             timer_gen: AtomicU64::new(0),
             inbox_next: crate::loom::AtomicUsize::new(0),
             cancelled: AtomicBool::new(false),
-            locals: local::Locals::default(),
+            locals: local_map::Locals::default(),
             spawns: Cell::new(0),
             depth: Cell::new(0),
             wait: AtomicU8::new(0),

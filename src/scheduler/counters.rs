@@ -4,8 +4,8 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use super::locations::Known;
 use super::shared::Stats;
-use super::supervisor::Known;
 use super::{NOT_PINNED, Shared};
 
 /// The runtime's counters at one moment, summed over the carriers (and work from outside them).

@@ -17,6 +17,15 @@ const MAX_PROBES: usize = 8;
 
 type Loc = Location<'static>;
 
+/// A known-blocking location and what made it so (summed over carriers by the supervisor, which
+/// keeps the list in `Shared::known`).
+#[derive(Clone, Debug)]
+pub(crate) struct Known {
+    pub(crate) location: &'static Location<'static>,
+    pub(crate) runs: u64,
+    pub(crate) caught: u64,
+}
+
 #[derive(Default)]
 pub(crate) struct Entry {
     key: AtomicPtr<Loc>,

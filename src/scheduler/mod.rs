@@ -16,7 +16,7 @@
 //! | `queue/` | the structures fibers pass through: the stealable run queue, the private home queue, the home inbox, and the sleep/wake protocol that loses no wake-up (`idle.rs`) |
 //! | `injector.rs` | the global sharded queue work enters through from outside the carriers |
 //! | `runtime_ref.rs` | the counted `RuntimeRef` and the `Schedule` impl fiber/ calls through |
-//! | `supervisor.rs`, `compactor.rs`, `locations.rs` | blocked-carrier detection and compensation, the compaction policy, blocking locations |
+//! | `supervisor/`, `compactor.rs`, `locations.rs` | blocked-carrier detection and compensation, the compaction policy, blocking locations |
 //! | `affinity.rs` | the carriers' CPU affinity policy: pinned until their CPU is shared, then floating |
 //! | `time.rs` | the carriers' timer heaps: arming, disarming and firing timed waits |
 //! | `reactor/` | the carriers' epoll sets and each socket's registration (readiness word, waiters) |

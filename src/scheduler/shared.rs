@@ -23,7 +23,7 @@ use crate::scheduler::time::TimerHeap;
 
 use super::queue::idle::Idle;
 use super::queue::{inbox, run_queue};
-use super::{Injector, Roots, compactor, locations, shutdown, supervisor};
+use super::{Injector, Roots, compactor, locations, shutdown};
 
 /// Aligns a value to its own cache line pair (the adjacent-line prefetcher pulls lines in
 /// pairs), so per-carrier state is never falsely shared.
@@ -220,7 +220,7 @@ pub(crate) struct Shared {
     pub(super) threads: Mutex<Vec<std::thread::JoinHandle<()>>>,
     pub(super) supervisor_thread: OnceLock<Thread>,
     pub(super) supervisor_sleeping: AtomicBool,
-    pub(super) known: Mutex<Vec<supervisor::Known>>,
+    pub(super) known: Mutex<Vec<locations::Known>>,
     /// Unused fiber records, beyond what the carriers cache.
     pub(super) records: Mutex<Vec<RecordPtr>>,
 }

@@ -7,8 +7,16 @@
 //! ```text
 //!            wake(op)  by another party      → WOKEN(op)    "retry your operation"
 //! WAITING ── grant(op) by another party      → GRANTED(op)  "it is done for you"
-//!            cancel()  by the waiter itself  → CANCELLED    "nobody did anything for you"
+//!    │       cancel()  by the waiter itself  → CANCELLED    "nobody did anything for you"
+//!    └────── hold(op)  by another party      → HELD(op) ─┬─ grant_held → GRANTED(op)
+//!                                                         └─ release_held → WOKEN(op)
 //! ```
+//!
+//! `HELD` is a channel's reservation: a sender whose message is not made yet (a `select!` send
+//! arm, a `Select` send) has chosen this receiver and will complete it once the message exists.
+//! A held waiter keeps waiting past its deadline, and nobody else can take it; only the
+//! runtime's drop, unwinding it, cancels it (`abandon`), and the holder's `grant_held` then
+//! fails and it keeps its message.
 //!
 //! The waiter loops on `park` until its state leaves `WAITING`, so a stale unpark token or a
 //! spurious wake-up costs one extra loop. A timed-out waiter must win `cancel` to report a
@@ -43,14 +51,15 @@ pub(crate) fn park(reason: WaitReason, deadline: Option<Instant>) {
     }
 }
 
-/// Packed waiter state: bits 0-1 are the tag, bits 2.. the index of the operation that a wake
+/// Packed waiter state: bits 0-2 are the tag, bits 3.. the index of the operation that a wake
 /// or grant refers to (a `select!` arm; 0 for single operations).
 const WAITING: usize = 0;
 const CANCELLED: usize = 1;
 const WOKEN: usize = 2;
 const GRANTED: usize = 3;
-const TAG_MASK: usize = 3;
-const OP_SHIFT: usize = 2;
+const HELD: usize = 4;
+const TAG_MASK: usize = 7;
+const OP_SHIFT: usize = 3;
 
 /// How a wait ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -80,7 +89,8 @@ impl Outcome {
 /// the waiter and by the queue it is in), never on the waiting stack.
 #[derive(Debug)]
 pub(crate) struct Waiter {
-    /// `WAITING`, `CANCELLED`, `WOKEN | op << 2` or `GRANTED | op << 2`; see the module docs.
+    /// `WAITING`, `CANCELLED`, or `WOKEN`, `GRANTED`, `HELD` with `op << OP_SHIFT`; see the
+    /// module docs.
     state: AtomicUsize,
     fiber: Fiber,
 }
@@ -133,15 +143,57 @@ impl Waiter {
         self.transition(GRANTED | op << OP_SHIFT)
     }
 
+    /// Reserves operation `op` of the waiter for the caller, who completes it later with
+    /// [`Waiter::grant_held`] or gives it back with [`Waiter::release_held`]. Returns false if
+    /// the waiter already left `WAITING`. Called under the inner lock of the queue the waiter's
+    /// entry is in; the caller removes that entry.
+    pub(crate) fn hold(&self, op: usize) -> bool {
+        // Relaxed: nothing is handed over yet; `grant_held` publishes the completion.
+        self.state
+            .compare_exchange(WAITING, HELD | op << OP_SHIFT, Ordering::Relaxed, Ordering::Relaxed)
+            .is_ok()
+    }
+
+    /// Completes a held operation. False only if the runtime's drop cancelled the waiter
+    /// meanwhile (`abandon`): the caller takes back what it prepared. Unpark afterwards.
+    pub(crate) fn grant_held(&self, op: usize) -> bool {
+        // Release, as `transition`: the message written before is visible to the waiter.
+        let held = HELD | op << OP_SHIFT;
+        self.state
+            .compare_exchange(held, GRANTED | op << OP_SHIFT, Ordering::Release, Ordering::Relaxed)
+            .is_ok()
+    }
+
+    /// Gives a held operation back: the waiter retries it (as after `wake(op)`). Unpark
+    /// afterwards if it returns true.
+    pub(crate) fn release_held(&self, op: usize) -> bool {
+        let held = HELD | op << OP_SHIFT;
+        self.state
+            .compare_exchange(held, WOKEN | op << OP_SHIFT, Ordering::Release, Ordering::Relaxed)
+            .is_ok()
+    }
+
     /// Called by the waiter itself: leave `WAITING` with nobody having acted on its behalf.
-    /// `Err` carries the outcome that another party decided first.
-    pub(crate) fn cancel(&self) -> Result<(), Outcome> {
-        // Acquire on failure pairs with `transition`'s Release (we act on what the winner did).
+    /// False if another party decided first (woken, granted or holding it).
+    pub(crate) fn cancel(&self) -> bool {
         // Relaxed on success: a cancelled waiter reclaims its slot under the owning queue's
-        // inner lock, which orders that.
-        match self.state.compare_exchange(WAITING, CANCELLED, Ordering::Relaxed, Ordering::Acquire) {
-            Ok(_) => Ok(()),
-            Err(state) => Err(Outcome::decode(state)),
+        // inner lock, which orders that. The loser reads the winner's outcome with `wait`.
+        self.state.compare_exchange(WAITING, CANCELLED, Ordering::Relaxed, Ordering::Relaxed).is_ok()
+    }
+
+    /// The runtime's drop unwinds the waiter: cancel it even if held (the holder's
+    /// `grant_held` then fails). `None` if it was cancelled here, else the outcome another
+    /// party decided first (Acquire: the waiter acts on what the winner did).
+    fn abandon(&self) -> Option<Outcome> {
+        let mut state = self.state.load(Ordering::Acquire);
+        loop {
+            if state != WAITING && state & TAG_MASK != HELD {
+                return Some(Outcome::decode(state));
+            }
+            match self.state.compare_exchange(state, CANCELLED, Ordering::Acquire, Ordering::Acquire) {
+                Ok(_) => return None,
+                Err(actual) => state = actual,
+            }
         }
     }
 
@@ -173,7 +225,7 @@ impl Waiter {
         impl<F: FnOnce(Option<Outcome>)> Drop for OnUnwind<'_, F> {
             fn drop(&mut self) {
                 if let Some(abandon) = self.1.take() {
-                    abandon(self.0.cancel().err());
+                    abandon(self.0.abandon());
                 }
             }
         }
@@ -184,20 +236,25 @@ impl Waiter {
     }
 
     /// Parks until another party wakes or grants this waiter, or until `deadline` passes and
-    /// `cancel` wins. Called only by the fiber or thread that created the waiter.
+    /// `cancel` wins. A held waiter waits for its holder, past the deadline. Called only by
+    /// the fiber or thread that created the waiter.
     pub(crate) fn wait(&self, reason: WaitReason, deadline: Option<Instant>) -> Outcome {
         loop {
-            // Acquire pairs with `transition`'s Release.
+            // Acquire pairs with the Release of `transition` and `grant_held`.
             let state = self.state.load(Ordering::Acquire);
+            if state & TAG_MASK == HELD {
+                park(reason, None);
+                continue;
+            }
             if state != WAITING {
                 return Outcome::decode(state);
             }
             if let Some(deadline) = deadline {
                 if loom::expired(deadline) {
-                    return match self.cancel() {
-                        Ok(()) => Outcome::TimedOut,
-                        Err(outcome) => outcome,
-                    };
+                    if self.cancel() {
+                        return Outcome::TimedOut;
+                    }
+                    continue;
                 }
             }
             park(reason, deadline);
@@ -246,6 +303,14 @@ impl<E: Entry> WaitQueue<E> {
 
     pub(crate) fn iter(&self) -> impl Iterator<Item = &E> {
         self.entries.iter()
+    }
+
+    pub(crate) fn get(&self, i: usize) -> Option<&E> {
+        self.entries.get(i)
+    }
+
+    pub(crate) fn remove_at(&mut self, i: usize) -> Option<E> {
+        self.entries.remove(i)
     }
 
     pub(crate) fn front(&self) -> Option<&E> {

@@ -164,6 +164,28 @@ fn select_ready_meets_send() {
     });
 }
 
+/// A `Select::select` send waits as a watcher that sends; a receiver polls once, then
+/// blocks: it picks the select (and waits for the message), or the select holds it. The
+/// message arrives once; neither parks for good.
+#[test]
+fn receive_picks_or_is_held_by_a_select_send() {
+    ::loom::model(|| {
+        let (tx, rx) = bounded::<u32>(0);
+        let sender = ::loom::thread::spawn(move || {
+            let mut sel = crate::channel::Select::new();
+            sel.send(&tx);
+            let op = sel.select();
+            op.send(&tx, 7).unwrap();
+        });
+        let got = match rx.try_recv() {
+            Ok(v) => v,
+            Err(_) => rx.recv().unwrap(),
+        };
+        assert_eq!(got, 7);
+        sender.join().unwrap();
+    });
+}
+
 #[test]
 fn select_timeout_races_send() {
     ::loom::model(|| {

@@ -11,20 +11,24 @@
 //! Locations caught often enough become *known blocking*, and fibers from them compensate at
 //! once, with no detection delay. With every carrier asleep, the supervisor sleeps too (until
 //! a carrier wakes it, or until the compactor has fibers to compact: `fiber/compact.rs`).
-//! See `arch/supervisor.md`.
+//! What procfs says of a carrier thread is read in `kernel.rs`; the stack pools' scavenge,
+//! which the supervisor also schedules, is `scavenger.rs`. See `arch/supervisor.md`.
+
+mod kernel;
+mod scavenger;
 
 use std::collections::{HashMap, HashSet};
-use std::fs::File;
-use std::os::unix::fs::FileExt;
 use std::panic::Location;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
+use kernel::{OffCpu, Reading, steal_ticks, thread_stat};
+use scavenger::Scavenger;
+
 use super::Shared;
 use super::compactor::Compactor;
-use super::shared::CarrierSlot;
+use super::locations::Known;
 use crate::fiber::schedule::RuntimeRef;
-use crate::fiber::stack::SizeClass;
 
 /// Samples without progress before a stalled carrier in the kernel counts as blocked: one
 /// sample means the same fiber ran through a whole interval without a switch, and a thread
@@ -38,13 +42,6 @@ const CPU_STALL_SAMPLES: u32 = 10;
 /// example's root fiber spawns and joins for seconds without a switch while the other carrier
 /// runs its children, and was warned about and compensated for (a spare on a full machine).
 const WAIT_SAMPLES: u32 = 5;
-/// How often the stack pools give back the pages of stacks that sat unused since the last
-/// time (`SizeClass::scavenge`); idle, the supervisor wakes for it only while a pool holds
-/// more than it keeps.
-const SCAVENGE_EVERY: Duration = Duration::from_secs(2);
-/// How soon the next scavenge comes when the last one left due stacks for later (it releases
-/// at most `SCAVENGE_MAX` at a time, so as not to hold the supervisor long).
-const SCAVENGE_AGAIN: Duration = Duration::from_millis(20);
 /// How long every carrier up to `max_carriers` must stay blocked, with fibers waiting and no
 /// carrier switching, before the supervisor says so (`Saturation`): long enough that a burst of
 /// short blocking calls (which keeps the bound full while the carriers still move) says nothing.
@@ -62,14 +59,6 @@ const RUNAWAY_FACTOR: usize = 4;
 /// ZIO's rule after its false-positive bug: more than 64 runs at a location, and at least half
 /// of them caught blocking, make it known-blocking.
 const KNOWN_MIN_RUNS: u64 = 64;
-
-/// A known-blocking location and what made it so (summed over carriers).
-#[derive(Clone, Debug)]
-pub(crate) struct Known {
-    pub(crate) location: &'static Location<'static>,
-    pub(crate) runs: u64,
-    pub(crate) caught: u64,
-}
 
 #[derive(Default)]
 struct Watch {
@@ -109,7 +98,7 @@ pub(crate) fn run(rt: RuntimeRef) {
     let mut reported: HashSet<usize> = HashSet::new();
     let mut quiet: Option<(u64, usize)> = None;
     let mut compactor = Compactor::new(&rt);
-    let mut scavenger = Scavenger { next: Instant::now() + SCAVENGE_EVERY };
+    let mut scavenger = Scavenger::new();
     let mut saturation = Saturation::default();
     let mut affinity = super::affinity::Policy::new(&rt);
     while !rt.shutdown.load(Ordering::Acquire) {
@@ -376,90 +365,6 @@ impl Profile {
     }
 }
 
-/// One reading of a carrier thread's scheduler counters.
-#[derive(Clone, Copy)]
-struct Reading {
-    at: Instant,
-    /// Nanoseconds on a CPU, and runnable but waiting for one (`schedstat`'s first two fields).
-    exec: u64,
-    delay: u64,
-    /// The carrier's `idle_ns` counter: if it moved, the carrier idled during the window.
-    idle: u64,
-}
-
-/// The off-CPU rule: a carrier that runs fibers while work waits, and spent more than half of
-/// the last interval neither on a CPU nor waiting for one (asleep in the kernel), is blocked,
-/// even though it switched meanwhile. Ten thousand fibers each calling `std::thread::sleep(10
-/// ms)` switch at every sample and were never compensated (51 s on 2 carriers). Time waiting
-/// for a CPU (`run_delay`) counts as on-CPU: adding threads to a saturated machine only helps
-/// fairness.
-#[derive(Default)]
-struct OffCpu {
-    /// The thread id, `/proc/self/task/<tid>/schedstat` and `.../stat`, kept open: a `pread`
-    /// costs ~0.4 µs where an open-read-close costs several.
-    files: Option<(i32, File, File)>,
-    last: Option<Reading>,
-    /// Counted blocked by this rule (or by a surge), not by a stall.
-    counted: bool,
-    /// Started by a surge: samples left during which it stays counted without a judgement.
-    presumed: u8,
-}
-
-impl OffCpu {
-    fn files(&mut self, tid: i32) -> Option<&(i32, File, File)> {
-        if tid <= 0 {
-            return None;
-        }
-        if self.files.as_ref().is_none_or(|f| f.0 != tid) {
-            let open = |name: &str| File::open(format!("/proc/self/task/{tid}/{name}")).ok();
-            self.files = Some((tid, open("schedstat")?, open("stat")?));
-        }
-        self.files.as_ref()
-    }
-
-    fn read(&mut self, slot: &CarrierSlot) -> Option<Reading> {
-        let (_, sched, _) = self.files(slot.tid.load(Ordering::Relaxed))?;
-        let mut buf = [0u8; 96];
-        let n = sched.read_at(&mut buf, 0).ok()?;
-        let (exec, delay) = parse_schedstat(buf.get(..n)?)?;
-        Some(Reading { at: Instant::now(), exec, delay, idle: slot.stats.idle_ns.load(Ordering::Relaxed) })
-    }
-
-    /// Whether the carrier spent more than half of the window since the last reading asleep in
-    /// the kernel, without idling; `None` when unknown (no earlier reading, it idled, a window
-    /// shorter than half an interval).
-    fn judge(&mut self, slot: &CarrierSlot, every: Duration) -> Option<bool> {
-        let now = self.read(slot);
-        let last = std::mem::replace(&mut self.last, now);
-        let (last, now) = (last?, now?);
-        let wall = u64::try_from(now.at.duration_since(last.at).as_nanos()).unwrap_or(u64::MAX);
-        if now.idle != last.idle || u128::from(wall) < every.as_nanos() / 2 {
-            return None;
-        }
-        let on = now.exec.saturating_sub(last.exec) + now.delay.saturating_sub(last.delay);
-        Some(on.saturating_mul(2) < wall)
-    }
-
-    /// Whether the thread sleeps in the kernel now (`S` or `D`).
-    fn in_kernel(&self) -> bool {
-        let Some((_, _, stat)) = &self.files else { return false };
-        let mut buf = [0u8; 512];
-        let Ok(n) = stat.read_at(&mut buf, 0) else { return false };
-        let stat = &buf[..n];
-        // "tid (comm) S ...": the state follows the last ')'.
-        stat.iter()
-            .rposition(|&c| c == b')')
-            .and_then(|c| stat.get(c + 2))
-            .is_some_and(|s| matches!(s, b'S' | b'D'))
-    }
-}
-
-/// `schedstat`'s first two fields: nanoseconds on a CPU, and runnable waiting for one.
-fn parse_schedstat(text: &[u8]) -> Option<(u64, u64)> {
-    let mut fields = std::str::from_utf8(text).ok()?.split_ascii_whitespace().map(|f| f.parse::<u64>().ok());
-    Some((fields.next()??, fields.next()??))
-}
-
 /// Compensation's dead end: every carrier up to `max_carriers` is blocked in the OS and fibers
 /// wait to run, so nothing runs until a carrier comes back, maybe never (300 jobs waiting in a
 /// `std::sync::Barrier` of 300 under the default bound of 256). Said once per runtime, after
@@ -561,48 +466,6 @@ fn lifo_may_run_elsewhere(rt: &Shared, i: usize) -> bool {
     // atomic (a stale read costs one needless wake-up).
     let home = unsafe { &*p }.home.load(Ordering::Relaxed);
     home != i
-}
-
-/// What procfs says of a carrier thread (`thread_stat`).
-#[derive(Clone, Copy, Debug)]
-struct ThreadStat {
-    /// The scheduling state letter: `R`, `S`, `D`, ...
-    state: u8,
-    /// CPU time used, user + system, in clock ticks.
-    cpu_ticks: u64,
-    /// The CPU it last ran on.
-    processor: Option<usize>,
-}
-
-/// Thread `tid`'s state, CPU time and CPU, from one read of `/proc/self/task/<tid>/stat`.
-fn thread_stat(tid: i32) -> Option<ThreadStat> {
-    if tid <= 0 {
-        return None;
-    }
-    let stat = std::fs::read(format!("/proc/self/task/{tid}/stat")).ok()?;
-    // "tid (comm) S ...": the state follows the last ')', since comm may contain spaces.
-    let close = stat.iter().rposition(|&c| c == b')')?;
-    let state = *stat.get(close + 2)?;
-    // Counting from the state (field 3 of stat(5)): utime and stime (fields 14 and 15) are the
-    // 11th and 12th after it, the processor (field 39) the 36th.
-    let rest = std::str::from_utf8(stat.get(close + 2..)?).ok()?;
-    let fields: Vec<&str> = rest.split_ascii_whitespace().collect();
-    let ticks = |i: usize| fields.get(i).and_then(|f| f.parse::<u64>().ok());
-    let processor = fields.get(36).and_then(|f| f.parse().ok());
-    Some(ThreadStat { state, cpu_ticks: ticks(11)? + ticks(12)?, processor })
-}
-
-/// The steal time of `cpu` so far (clock ticks the hypervisor ran something else while this
-/// virtual CPU had work), from `/proc/stat`; 0 outside a VM.
-fn steal_ticks(cpu: usize) -> Option<u64> {
-    parse_steal(&std::fs::read_to_string("/proc/stat").ok()?, cpu)
-}
-
-/// The `steal` column (the 8th number) of the `cpu<N>` line of a `/proc/stat` text.
-fn parse_steal(stat: &str, cpu: usize) -> Option<u64> {
-    let name = format!("cpu{cpu}");
-    let line = stat.lines().find(|l| l.split_ascii_whitespace().next() == Some(name.as_str()))?;
-    line.split_ascii_whitespace().nth(8)?.parse().ok()
 }
 
 /// Steal time on the stalled carrier's CPU since its first stalled sample.
@@ -736,75 +599,9 @@ fn sleep_until_work(
     rt.supervisor_sleeping.store(false, Ordering::SeqCst);
 }
 
-/// Runs the stack pools' scavenge every `SCAVENGE_EVERY` (`SizeClass::scavenge`). The pools
-/// are process-wide, and so is the schedule: with several runtimes, their supervisors take
-/// turns rather than each starting a new interval every `SCAVENGE_EVERY`.
-struct Scavenger {
-    /// This supervisor's idea of when the next scavenge is due (the shared one's, as last seen).
-    next: Instant,
-}
-
-/// When the next scavenge is due, for every supervisor in the process.
-static NEXT_SCAVENGE: std::sync::Mutex<Option<Instant>> = std::sync::Mutex::new(None);
-
-impl Scavenger {
-    /// When the next scavenge is due, if a pool holds stacks it would give back; `None` lets
-    /// an idle supervisor sleep through (idle means idle).
-    fn due(&self) -> Option<Instant> {
-        SizeClass::any_excess().then_some(self.next)
-    }
-
-    fn run_if_due(&mut self) {
-        let now = Instant::now();
-        if now < self.next {
-            return;
-        }
-        let mut shared = NEXT_SCAVENGE.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(next) = shared.filter(|&next| next > now) {
-            self.next = next; // another supervisor scavenged meanwhile
-            return;
-        }
-        let more = SizeClass::scavenge_all();
-        self.next = now + if more { SCAVENGE_AGAIN } else { SCAVENGE_EVERY };
-        *shared = Some(self.next);
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn thread_stat_reads_this_threads_state_and_cpu_time() {
-        let tid = crate::platform::gettid();
-        let stat = thread_stat(tid).expect("procfs describes a live thread");
-        assert_eq!(stat.state, b'R', "the thread reading its own stat is running");
-        let before = stat.cpu_ticks;
-        // Spin until the CPU time moves: a loaded machine may give this thread only a sliver of
-        // each wall-clock second, so the bound is generous and the usual wait one clock tick.
-        let t = Instant::now();
-        while thread_stat(tid).unwrap().cpu_ticks == before {
-            assert!(
-                t.elapsed() < Duration::from_secs(30),
-                "30 s of spinning never showed in the thread's CPU time"
-            );
-            for _ in 0..10_000 {
-                std::hint::spin_loop();
-            }
-        }
-        assert!(thread_stat(0).is_none());
-    }
-
-    #[test]
-    fn steal_time_is_read_per_cpu_and_this_threads_cpu_is_known() {
-        let stat = "cpu  10 0 5 900 1 0 2 40 0 0\ncpu0 5 0 2 450 1 0 1 25 0 0\ncpu1 5 0 3 450 0 0 1 15 0 0\n";
-        assert_eq!(parse_steal(stat, 0), Some(25));
-        assert_eq!(parse_steal(stat, 1), Some(15));
-        assert_eq!(parse_steal(stat, 2), None);
-        let tid = crate::platform::gettid();
-        let cpu = thread_stat(tid).and_then(|s| s.processor).expect("procfs says where this thread runs");
-        assert!(steal_ticks(cpu).is_some(), "/proc/stat has a line for cpu{cpu}");
-    }
 
     #[test]
     fn cpu_since_stall_measures_the_window_after_the_first_stalled_sample() {
