@@ -37,6 +37,8 @@ pub(super) struct OffCpu {
     pub(super) counted: bool,
     /// Started by a surge: samples left during which it stays counted without a judgement.
     pub(super) presumed: u8,
+    /// Windows in a row judged off-CPU.
+    pub(super) streak: u8,
 }
 
 impl OffCpu {

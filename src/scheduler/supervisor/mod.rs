@@ -56,6 +56,9 @@ const PRESUMED_SAMPLES: u8 = 2;
 /// Carriers beyond this many times the target are a runaway compensation, said once
 /// (`diagnostics::report_runaway`).
 const RUNAWAY_FACTOR: usize = 4;
+/// Windows in a row a carrier must spend mostly asleep in the kernel before the off-CPU rule
+/// counts it blocked (`OffCpu`).
+const OFF_CPU_SAMPLES: u8 = 2;
 /// ZIO's rule after its false-positive bug: more than 64 runs at a location, and at least half
 /// of them caught blocking, make it known-blocking.
 const KNOWN_MIN_RUNS: u64 = 64;
@@ -209,7 +212,12 @@ fn sample(
         // interval switches at every sample, yet sleeps in the kernel while work waits.
         let presumed = w.off.presumed > 0 && off_cpu.is_none() && !loc.is_null();
         w.off.presumed = w.off.presumed.saturating_sub(1);
-        if off_cpu == Some(true) {
+        // Two windows in a row before a carrier is counted (then one keeps it counted): a
+        // carrier waiting a few milliseconds for a `std::sync::Mutex` whose holder the OS
+        // descheduled, on a loaded machine, is no reason for another thread.
+        w.off.streak = if off_cpu == Some(true) { w.off.streak.saturating_add(1) } else { 0 };
+        let off = off_cpu == Some(true) && (w.blocked || w.off.streak >= OFF_CPU_SAMPLES);
+        if off {
             w.off.presumed = 0;
             rt.detections.fetch_add(1, Ordering::Relaxed);
             // The fiber running now is asleep in the kernel (`judge` looked): the carrier
