@@ -185,11 +185,17 @@ where
     let _lent = crate::fiber::compact::Lent::new();
     // Unwound from the park (the runtime's drop), the frame still outlives the helper's run.
     let _wait = WaitOnUnwind::new(WaitReason::Blocking, || call.done.load(Ordering::Acquire));
-    while !call.done.load(Ordering::Acquire) {
-        park_for(WaitReason::Blocking, None);
-    }
+    // A stop request waits for the closure, which cannot be stopped (ADR 0004): the wait is
+    // shielded, and the fiber stops after it, its result dropped.
+    crate::fiber::cancel::shielded(|| {
+        while !call.done.load(Ordering::Acquire) {
+            park_for(WaitReason::Blocking, None);
+        }
+    });
     // SAFETY: `done` was seen with Acquire: the helper stored the result and is done with it.
-    match unsafe { (*call.out.get()).take() }.expect("a finished blocking call has a result") {
+    let out = unsafe { (*call.out.get()).take() }.expect("a finished blocking call has a result");
+    crate::fiber::cancel::check_cancelled();
+    match out {
         Ok(v) => v,
         Err(p) => resume_unwind(p),
     }

@@ -1,6 +1,26 @@
 //! Loom-style virtual threads for Rust: write plain blocking code — spawn, join, sleep, locks,
 //! channels — and run a million such "threads" on a few OS threads, without async/await.
 //!
+//! | I want to… | use |
+//! |---|---|
+//! | run a function as a virtual thread, get its result | [`spawn`] → [`JoinHandle::join`] (a panic comes back as `Err`) |
+//! | name a fiber, or give it a bigger stack | [`Builder`] (*fibers*, like `std::thread::Builder`) |
+//! | size a runtime (carriers, stack size, diagnostics) | [`Runtime::builder`] → [`runtime::Builder`] (*runtimes*), then [`Runtime::block_on`], [`Runtime::spawn`] |
+//! | use the default runtime without building one | [`spawn`] starts it; `VT_CARRIERS`, `VT_MAX_CARRIERS`, `VT_STACK_SIZE`, `VT_DUMP_ON_SIGQUIT` set it up |
+//! | reach the runtime I run on | [`Handle::current`] |
+//! | fork-join over borrowed data | [`scope`], [`join`] |
+//! | sleep, yield, park | [`sleep`], [`yield_now`], [`park`] / [`Fiber::unpark`], [`current`] |
+//! | lock, signal, count down | [`sync`]: [`Mutex`](sync::Mutex), [`RwLock`](sync::RwLock), [`Condvar`](sync::Condvar), [`Semaphore`](sync::Semaphore), [`Barrier`](sync::Barrier), [`WaitGroup`](sync::WaitGroup), [`OnceLock`](sync::OnceLock) |
+//! | send messages, wait on several | [`channel`]: [`bounded`](channel::bounded), [`unbounded`](channel::unbounded), [`oneshot`](channel::oneshot), [`select!`] |
+//! | serve or call over the network | [`net`]: [`TcpListener`](net::TcpListener), [`TcpStream`](net::TcpStream), [`UdpSocket`](net::UdpSocket) |
+//! | read and write files | [`fs`] |
+//! | call a library that blocks its thread | [`blocking`] |
+//! | replace a thread pool | [`ThreadPool`], [`ThreadPoolBuilder`] |
+//! | keep per-fiber state | [`fiber_local!`] |
+//! | wait for a future, or await a fiber | [`future::block_on`]; [`JoinHandle`] is `IntoFuture` |
+//! | stop on Ctrl-C or SIGTERM | [`signal`] |
+//! | see what every fiber is doing, and counters | [`dump()`], [`metrics()`] (the caller's runtime, or the default one); `VT_DUMP_ON_SIGQUIT=1` prints the dump on `kill -QUIT` |
+//!
 //! ```
 //! use virtual_threads as vt;
 //!
@@ -81,6 +101,7 @@ pub mod channel;
 mod fiber;
 pub mod fs;
 pub mod future;
+mod join_set;
 mod loom;
 pub mod net;
 mod platform;
@@ -90,8 +111,12 @@ mod scheduler;
 mod scope;
 pub mod signal;
 pub mod sync;
+mod task_scope;
 
 pub use blocking::blocking;
+pub use fiber::cancel::{
+    CancelHandle, Cancelled, Elapsed, check_cancelled, deadline, is_cancelled, timeout, uncancellable,
+};
 pub use fiber::compact::no_compaction;
 pub use fiber::handle::{Fiber, current};
 pub use fiber::id::FiberId;
@@ -101,9 +126,12 @@ pub use fiber::park::{park, park_timeout, yield_now};
 pub use fiber::sleep::{sleep, sleep_until};
 pub use fiber::stack::{DEFAULT_STACK_SIZE, MAX_STACK_SIZE, MIN_STACK_SIZE};
 pub use fiber::wait::WaitReason;
+pub use join_set::JoinSet;
 pub use pool::{PoolScope, ThreadPool, ThreadPoolBuilder};
+pub use runtime::inspect::{dump, metrics};
 pub use runtime::metrics::{BlockingLocation, CarrierMetrics, Metrics};
 pub use runtime::spawn::{Builder, spawn};
 pub use runtime::{Handle, Runtime};
 pub use scheduler::diagnostics::{FiberDump, FiberGroup, FiberInfo, FiberState};
 pub use scope::{Scope, ScopedJoinHandle, join, pinned, scope};
+pub use task_scope::{TaskError, TaskScope, Tasks};

@@ -412,6 +412,52 @@ fn a_panic_in_a_fiber_names_the_fiber_and_chains_to_the_previous_hook() {
     );
 }
 
+/// A test harness that captures a test's output (libtest without `--nocapture`) captures the
+/// runtime's line naming a panicking fiber along with std's message: a passing test that
+/// provokes panics prints no panic text.
+#[test]
+fn a_captured_test_prints_nothing_of_the_panics_it_provokes() {
+    let test = "a_panic_in_a_fiber_names_the_fiber_and_chains_to_the_previous_hook";
+    let out = Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", test, "--test-threads=1"])
+        .env(CHILD, "panic-names")
+        .env("VT_DEADLOCK_ABORT", "1")
+        .output()
+        .expect("re-exec the test binary");
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    assert!(stdout.contains("test result: ok. 1 passed"), "the child ran the test: {stdout}");
+    for text in [&stdout, &stderr] {
+        assert!(!text.contains("panicked") && !text.contains("boom"), "printed: {stdout}\n{stderr}");
+    }
+}
+
+/// With stderr a pipe nobody reads any more, a panicking fiber still unwinds into its join's
+/// `Err`: the line naming it is skipped (writing it would fail, and a failing `eprint!` in the
+/// panic hook aborts the process).
+#[test]
+fn a_panic_with_stderr_closed_still_unwinds() {
+    if std::env::var(CHILD).as_deref() == Ok("closed-stderr") {
+        let h = vt::spawn(|| panic!("boom with nobody reading"));
+        assert!(h.join().is_err());
+        println!("child done");
+        return;
+    }
+    let test = "a_panic_with_stderr_closed_still_unwinds";
+    let mut child = Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", test, "--nocapture", "--test-threads=1"])
+        .env(CHILD, "closed-stderr")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("re-exec the test binary");
+    drop(child.stderr.take()); // the reader goes before the child writes anything
+    let out = child.wait_with_output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{:?} {stdout}", out.status);
+    assert!(stdout.contains("child done"), "{stdout}");
+}
+
 #[test]
 fn sigquit_prints_the_dump() {
     if std::env::var(CHILD).as_deref() == Ok("sigquit") {
@@ -426,9 +472,37 @@ fn sigquit_prints_the_dump() {
         let _ = h.join(); // the parent kills us
         unreachable!();
     }
+    let text = dump_on_sigquit_of_child("sigquit_prints_the_dump", "sigquit", &[]);
+    assert!(text.contains("SIGQUIT") && text.contains("1 fiber parked on channel receive"), "stderr: {text}");
+}
+
+/// The default runtime has no builder: `VT_DUMP_ON_SIGQUIT=1` turns its dump on SIGQUIT on.
+#[test]
+fn vt_dump_on_sigquit_turns_the_default_runtimes_dump_on() {
+    if std::env::var(CHILD).as_deref() == Ok("sigquit-default") {
+        let (_tx, rx) = vt::channel::bounded::<()>(0);
+        let h = vt::spawn(move || rx.recv());
+        while vt::dump().fibers().iter().all(|f| !matches!(f.state, FiberState::Parked { .. })) {
+            std::thread::yield_now();
+        }
+        println!("ready");
+        let _ = h.join(); // the parent kills us
+        unreachable!();
+    }
+    let test = "vt_dump_on_sigquit_turns_the_default_runtimes_dump_on";
+    let text = dump_on_sigquit_of_child(test, "sigquit-default", &[("VT_DUMP_ON_SIGQUIT", "1")]);
+    assert!(text.contains("SIGQUIT") && text.contains("1 fiber parked on channel receive"), "stderr: {text}");
+    assert!(text.contains("spawned at tests/diagnostics.rs:"), "stderr: {text}");
+}
+
+/// Runs `test` as `case` in a child with `envs`, waits for it to print "ready", sends it SIGQUIT
+/// and returns its stderr once it shows a fiber parked on a channel (or after 30 s).
+fn dump_on_sigquit_of_child(test: &str, case: &str, envs: &[(&str, &str)]) -> String {
     let mut child = Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", "sigquit_prints_the_dump", "--nocapture", "--test-threads=1"])
-        .env(CHILD, "sigquit")
+        .args(["--exact", test, "--nocapture", "--test-threads=1"])
+        .env(CHILD, case)
+        .envs(envs.iter().copied())
+        .env("VT_DEADLOCK_ABORT", "0")
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
@@ -459,6 +533,108 @@ fn sigquit_prints_the_dump() {
     }
     let _ = child.kill();
     let _ = child.wait();
-    let text = reader.join().unwrap();
-    assert!(text.contains("SIGQUIT") && text.contains("1 fiber parked on channel receive"), "stderr: {text}");
+    reader.join().unwrap()
+}
+
+/// `Handle::current()`, `vt::metrics()` and `vt::dump()` are the caller's runtime inside a
+/// fiber, and the process-wide default runtime on a plain thread.
+#[test]
+fn handle_current_metrics_and_dump_are_the_callers_runtime_or_the_default() {
+    let rt =
+        vt::Runtime::builder().carriers(1).thread_name("inspected").deadlock_report(None).build().unwrap();
+    let (tx, rx) = vt::channel::bounded::<()>(0);
+    let parked = rt.spawn(move || rx.recv());
+    let (in_rt, carrier) = rt.block_on(|| {
+        while vt::dump().fibers().iter().all(|f| !matches!(f.state, FiberState::Parked { .. })) {
+            vt::yield_now();
+        }
+        let carrier = vt::Handle::current().spawn(|| std::thread::current().name().map(str::to_owned));
+        (vt::dump(), carrier.join().unwrap())
+    });
+    assert!(carrier.is_some_and(|n| n.starts_with("inspected")), "Handle::current() spawned onto rt");
+    let id = parked.fiber().id();
+    let ours = in_rt.fibers().iter().find(|f| f.id == id).expect("vt::dump() in rt lists rt's fibers");
+    assert!(matches!(ours.state, FiberState::Parked { reason: WaitReason::ChannelRecv, .. }), "{in_rt}");
+    assert_eq!(rt.block_on(|| vt::metrics().carriers_target), 1);
+    assert!(rt.block_on(vt::metrics).fibers_spawned >= 3, "the parked fiber, block_on's and the spawned one");
+
+    // From this plain thread: the default runtime, where that parked fiber is not.
+    let spawned = vt::metrics().fibers_spawned;
+    vt::spawn(|| ()).join().unwrap();
+    assert!(vt::Handle::current().metrics().fibers_spawned > spawned);
+    let default_dump = vt::dump();
+    let not_ours = |f: &vt::FiberInfo| f.id != id || f.spawned_at != ours.spawned_at;
+    assert!(default_dump.fibers().iter().all(not_ours), "rt's fiber in the default's dump: {default_dump}");
+    drop(tx);
+    assert!(parked.join().unwrap().is_err());
+}
+
+/// A stopped fiber shows as cancelled in the dump, and the section that defers its stop is
+/// named.
+#[test]
+fn dump_shows_cancelled_fibers_and_their_uncancellable_section() {
+    let rt = vt::Runtime::builder().carriers(1).build().unwrap();
+    let (in_tx, in_rx) = vt::channel::bounded::<()>(0);
+    let (go_tx, go_rx) = vt::channel::bounded::<()>(0);
+    let h = rt.spawn(move || {
+        vt::uncancellable(|| {
+            in_tx.send(()).unwrap();
+            go_rx.recv().unwrap();
+        });
+        vt::yield_now(); // the deferred stop acts at this next switch point
+    });
+    in_rx.recv().unwrap();
+    h.cancel();
+    let text = loop {
+        let dump = rt.dump();
+        let me = dump.fibers().iter().find(|f| f.id == h.fiber().id()).cloned();
+        if let Some(f) = me.filter(|f| matches!(f.state, vt::FiberState::Parked { .. })) {
+            assert!(f.cancelled);
+            let at = f.uncancellable_at.expect("the section is named");
+            assert!(at.file().ends_with("diagnostics.rs"), "{at}");
+            break dump.to_string();
+        }
+        std::thread::yield_now();
+    };
+    assert!(text.contains("1 cancelled") && text.contains("uncancellable section at"), "{text}");
+    go_tx.send(()).unwrap();
+    assert!(h.join().unwrap_err().downcast_ref::<vt::Cancelled>().is_some());
+}
+
+/// A cancelled fiber that keeps computing without a switch point is reported once, with its
+/// spawn site, after about a second.
+#[test]
+fn a_cancelled_fiber_that_does_not_stop_is_reported_once() {
+    if std::env::var(CHILD).as_deref() == Ok("slow-stop") {
+        let rt = vt::Runtime::builder().carriers(2).build().unwrap();
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let s = stop.clone();
+        let (running_tx, running_rx) = std::sync::mpsc::channel::<()>();
+        let h = vt::Builder::new()
+            .name("spinner".into())
+            .spawn_on(&rt.handle(), move || {
+                running_tx.send(()).unwrap();
+                while !s.load(std::sync::atomic::Ordering::Relaxed) {
+                    std::hint::spin_loop();
+                }
+                vt::yield_now(); // stopped here, once let go
+            })
+            .unwrap();
+        running_rx.recv().unwrap();
+        h.cancel();
+        std::thread::sleep(Duration::from_millis(2_500));
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        assert!(h.join().unwrap_err().downcast_ref::<vt::Cancelled>().is_some());
+        return;
+    }
+    let (code, signal, stderr) =
+        run_child("a_cancelled_fiber_that_does_not_stop_is_reported_once", "slow-stop");
+    assert_eq!((code, signal), (Some(0), None), "stderr: {stderr}");
+    assert_eq!(stderr.matches("was cancelled").count(), 1, "reported once: {stderr}");
+    assert!(
+        stderr.contains("\"spinner\"")
+            && stderr.contains("diagnostics.rs")
+            && stderr.contains("check_cancelled"),
+        "stderr: {stderr}"
+    );
 }

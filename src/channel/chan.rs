@@ -1224,8 +1224,8 @@ impl<'a, T> Locked<'a, T> {
     /// Removes every slot and watcher of `waiter`.
     pub(crate) fn unregister(&mut self, waiter: &Waiter) {
         let synced = &mut *self.synced;
-        synced.senders.remove(waiter);
-        synced.receivers.remove(waiter);
+        synced.senders.remove_all(waiter);
+        synced.receivers.remove_all(waiter);
         for watchers in [&mut synced.send_watchers, &mut synced.recv_watchers] {
             watchers.retain(|w| !std::ptr::eq(&*w.waiter, waiter));
         }

@@ -163,6 +163,12 @@ pub struct JoinHandle<T> {
     pub(crate) _result: PhantomData<fn() -> T>,
 }
 
+/// Whether the fiber of `rec` has finished: its result was published (and perhaps taken), or
+/// its record says so.
+pub(crate) fn has_finished(rec: &FiberRecord) -> bool {
+    matches!(rec.join.load(Ordering::Acquire), DONE | TAKEN) || rec.state() == super::DONE
+}
+
 impl<T> JoinHandle<T> {
     /// The handle of a fiber just spawned, from the reference `FiberRecord::init` made for it.
     #[inline(always)]
@@ -201,6 +207,19 @@ impl<T> JoinHandle<T> {
     /// The fiber's handle.
     pub fn fiber(&self) -> &Fiber {
         &self.fiber
+    }
+
+    /// Asks the fiber to stop: it unwinds with [`Cancelled`](crate::Cancelled) at its current
+    /// wait or its next switch point (every destructor runs), and [`join`](Self::join) returns
+    /// `Err` holding that payload. A fiber that has not started never runs; a finished one is
+    /// left as it is. Returns at once.
+    pub fn cancel(&self) {
+        super::cancel::cancel(&self.fiber);
+    }
+
+    /// A handle that cancels this fiber without owning its join; `Clone + Send + Sync`.
+    pub fn cancel_handle(&self) -> super::cancel::CancelHandle {
+        super::cancel::CancelHandle::new(self.fiber.clone())
     }
 }
 

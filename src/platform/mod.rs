@@ -128,6 +128,15 @@ pub(crate) fn gettid() -> i32 {
     unsafe { libc::gettid() }
 }
 
+/// Whether a write to stderr can still succeed: false once fd 2 is a pipe or socket whose reader
+/// has gone (a write would fail with `EPIPE`); a file or a terminal is always writable here.
+pub(crate) fn stderr_writable() -> bool {
+    let mut fd = libc::pollfd { fd: 2, events: libc::POLLOUT, revents: 0 };
+    // SAFETY: one valid pollfd for the call; a timeout of 0 returns at once.
+    let n = unsafe { libc::poll(&mut fd, 1, 0) };
+    n < 0 || fd.revents & (libc::POLLERR | libc::POLLHUP | libc::POLLNVAL) == 0
+}
+
 /// Clock ticks per second of procfs' CPU times (`sysconf(_SC_CLK_TCK)`; -1 if unknown).
 pub(crate) fn clock_ticks_per_sec() -> libc::c_long {
     // SAFETY: sysconf has no preconditions.

@@ -175,7 +175,8 @@ impl Builder {
     /// Print the fiber dump to stderr when the process receives SIGQUIT (Ctrl-\\), as the JVM
     /// prints its thread dump (default `false`). This replaces SIGQUIT's default action (core
     /// dump) for the whole process; the handler only writes a byte to a pipe, and a small
-    /// thread prints the dump of every runtime that asked for it.
+    /// thread prints the dump of every runtime that asked for it. The default runtime, which has
+    /// no builder, takes it from `VT_DUMP_ON_SIGQUIT=1`.
     pub fn dump_on_sigquit(mut self, on: bool) -> Builder {
         self.dump_on_sigquit = on;
         self
@@ -233,8 +234,8 @@ impl Builder {
     }
 
     /// The settings the process-wide default runtime takes from the environment:
-    /// `VT_CARRIERS`, `VT_MAX_CARRIERS` and `VT_STACK_SIZE` (bytes, or with a `K`, `M` or `G`
-    /// suffix: `1M`). `var` reads one variable (`std::env::var_os`, or a test's table); unset or
+    /// `VT_CARRIERS`, `VT_MAX_CARRIERS`, `VT_STACK_SIZE` (bytes, or with a `K`, `M` or `G`
+    /// suffix: `1M`) and `VT_DUMP_ON_SIGQUIT` (`1` or `0`: [`dump_on_sigquit`](Builder::dump_on_sigquit)). `var` reads one variable (`std::env::var_os`, or a test's table); unset or
     /// empty ones leave the builder's value. A value that is not a number is `InvalidInput`
     /// naming the variable; one out of range is caught by `build`, whose error the caller
     /// completes with [`env_note`].
@@ -263,6 +264,14 @@ impl Builder {
             read("VT_STACK_SIZE", parse_size, "a size in bytes (such as 262144, 256K or 1M)")?
         {
             self = self.stack_size(bytes);
+        }
+        let switch = |t: &str| match t {
+            "1" => Some(1),
+            "0" => Some(0),
+            _ => None,
+        };
+        if let Some(on) = read("VT_DUMP_ON_SIGQUIT", switch, "1 (dump on SIGQUIT) or 0")? {
+            self = self.dump_on_sigquit(on == 1);
         }
         Ok(self)
     }
@@ -430,12 +439,20 @@ mod tests {
         let vars = [("VT_CARRIERS", " 3 "), ("VT_MAX_CARRIERS", "9"), ("VT_STACK_SIZE", "256K")];
         let c = Builder::new().with_env(env(&vars)).unwrap().config().unwrap();
         assert_eq!((c.carriers, c.max_carriers, c.stack_size), (3, 9, 256 * 1024));
+        assert!(!c.dump_on_sigquit);
+        let c = Builder::new().with_env(env(&[("VT_DUMP_ON_SIGQUIT", "1")])).unwrap().config().unwrap();
+        assert!(c.dump_on_sigquit);
+        let on = Builder::new().dump_on_sigquit(true);
+        assert!(!on.with_env(env(&[("VT_DUMP_ON_SIGQUIT", "0")])).unwrap().config().unwrap().dump_on_sigquit);
         // Unset or empty: the builder's own values.
         let c = Builder::new().carriers(2).with_env(env(&[("VT_CARRIERS", "")])).unwrap().config().unwrap();
         assert_eq!((c.carriers, c.stack_size), (2, DEFAULT_STACK_SIZE));
-        for (name, value) in
-            [("VT_CARRIERS", "two"), ("VT_MAX_CARRIERS", "-1"), ("VT_STACK_SIZE", "1 parsec")]
-        {
+        for (name, value) in [
+            ("VT_CARRIERS", "two"),
+            ("VT_MAX_CARRIERS", "-1"),
+            ("VT_STACK_SIZE", "1 parsec"),
+            ("VT_DUMP_ON_SIGQUIT", "yes"),
+        ] {
             let e = Builder::new().with_env(env(&[(name, value)])).unwrap_err();
             assert_eq!(e.kind(), io::ErrorKind::InvalidInput);
             assert!(e.to_string().starts_with(&format!("{name}=\"{value}\"")), "{e}");

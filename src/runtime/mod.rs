@@ -7,6 +7,7 @@
 //! `arch/overview.md` and `arch/scheduler.md` "Shutdown".
 
 pub mod builder;
+pub(crate) mod inspect;
 pub(crate) mod metrics;
 pub(crate) mod spawn;
 
@@ -148,6 +149,28 @@ impl Runtime {
 }
 
 impl Handle {
+    /// `let h = vt::Handle::current();`: the runtime the calling fiber runs on, or the
+    /// process-wide default runtime on a plain thread (started if it has not been). A program on
+    /// the default runtime reaches its [`metrics`](Handle::metrics) and [`dump`](Handle::dump)
+    /// this way (or through [`vt::metrics`](crate::metrics) and [`vt::dump`](crate::dump)).
+    ///
+    /// ```
+    /// use virtual_threads as vt;
+    ///
+    /// let rt = vt::Runtime::builder().carriers(1).build()?;
+    /// // From a fiber: its own runtime.
+    /// let carriers = rt.block_on(|| vt::Handle::current().metrics().carriers_target);
+    /// assert_eq!(carriers, 1);
+    /// // From a plain thread: the default runtime.
+    /// let spawned = vt::Handle::current().metrics().fibers_spawned;
+    /// vt::spawn(|| ()).join().unwrap();
+    /// assert!(vt::Handle::current().metrics().fibers_spawned > spawned);
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
+    pub fn current() -> Handle {
+        with_current_runtime(|rt| Handle { rt: rt.clone(), forks: forks() })
+    }
+
     /// Spawns a fiber on the runtime.
     ///
     /// # Panics

@@ -79,6 +79,12 @@ pub struct FiberInfo {
     /// How long it has been in `state`, at the resolution of the runtime's coarse clock (the
     /// supervisor interval).
     pub for_: Duration,
+    /// It was asked to stop (`JoinHandle::cancel`, a `CancelHandle`, its scope) and has not
+    /// finished yet.
+    pub cancelled: bool,
+    /// It runs inside a [`vt::uncancellable`](crate::uncancellable) section entered here (the
+    /// outermost), which defers any stop.
+    pub uncancellable_at: Option<&'static Location<'static>>,
 }
 
 /// Every live fiber of a runtime at one moment: [`Runtime::dump`](crate::Runtime::dump).
@@ -202,7 +208,16 @@ impl fmt::Display for FiberGroup<'_> {
         let age =
             if lo == hi { format!("for {}", Age(lo)) } else { format!("for {}–{}", Age(lo), Age(hi)) };
         let noun = if n == 1 { "fiber" } else { "fibers" };
-        write!(f, "{n} {noun} {state}, spawned at {}, {age}:", self.spawned_at())?;
+        write!(f, "{n} {noun} {state}, spawned at {}, {age}", self.spawned_at())?;
+        // Stops asked for and not done yet, and the sections deferring them.
+        let cancelled = self.fibers.iter().filter(|x| x.cancelled).count();
+        if cancelled > 0 {
+            write!(f, ", {cancelled} cancelled")?;
+        }
+        if let Some(at) = self.fibers.iter().find_map(|x| x.uncancellable_at) {
+            write!(f, ", in an uncancellable section at {at}")?;
+        }
+        f.write_str(":")?;
         let shown = if f.alternate() { n } else { n.min(NAMED_PER_GROUP) };
         for (k, x) in self.fibers[..shown].iter().enumerate() {
             write!(f, "{} fiber {}", if k == 0 { "" } else { "," }, x.id)?;
@@ -317,6 +332,9 @@ fn describe(rt: &Shared, f: &FiberRef, now: u64) -> Option<FiberInfo> {
         state,
         spawned_at: f.spawned_at(),
         for_: Duration::from_nanos(now.saturating_sub(since)),
+        cancelled: f.stop.load(Ordering::Relaxed) & crate::fiber::cancel::CANCEL != 0,
+        // SAFETY: `shield_at` is null or a `&'static Location` stored by `uncancellable`.
+        uncancellable_at: unsafe { f.shield_at.load(Ordering::Relaxed).as_ref() },
     })
 }
 
@@ -508,14 +526,19 @@ pub(crate) fn install_panic_hook() {
             let name = rec.name().map(|n| format!(" {n:?}")).unwrap_or_default();
             let carrier = std::thread::current();
             let carrier = carrier.name().unwrap_or("<unnamed>");
-            // One write, so that the line stays whole among other threads' output; an error
-            // writing to stderr is no reason to abort (a panic in the hook would).
+            // One write, so that the line stays whole among other threads' output. Through
+            // `eprint!`, as std's own panic message goes, so that a test harness capturing the
+            // thread's output (libtest) captures this line with it: a passing test that provokes
+            // a panic prints neither. `eprint!` panics if stderr fails, and a panic in the hook
+            // aborts: skip the line where stderr can no longer be written (a closed pipe).
             let line = format!(
                 "fiber {}{name} (spawned at {}) panicked on carrier thread '{carrier}':\n",
                 rec.id(),
                 rec.spawned_at()
             );
-            let _ = std::io::Write::write_all(&mut std::io::stderr(), line.as_bytes());
+            if crate::platform::stderr_writable() {
+                eprint!("{line}");
+            }
         }
         previous(info)
     }));

@@ -104,6 +104,7 @@ pub(crate) fn run(rt: RuntimeRef) {
     let mut scavenger = Scavenger::new();
     let mut saturation = Saturation::default();
     let mut affinity = super::affinity::Policy::new(&rt);
+    let mut slow_stops = SlowStops { next: Instant::now(), pending: false };
     while !rt.shutdown.load(Ordering::Acquire) {
         rt.tick_clock();
         let started = rt.started();
@@ -148,6 +149,7 @@ pub(crate) fn run(rt: RuntimeRef) {
             c.run_if_due(&rt);
         }
         scavenger.run_if_due();
+        slow_stops.run_if_due(&rt);
         if idle {
             sleep_until_work(&rt, every, &mut quiet, compactor.as_mut(), &mut scavenger);
         } else {
@@ -610,6 +612,46 @@ fn sleep_until_work(
         }
     }
     rt.supervisor_sleeping.store(false, Ordering::SeqCst);
+}
+
+/// Reports, once each, fibers asked to stop (`JoinHandle::cancel`) that have not stopped within
+/// `cancel::SLOW_STOP_MS`: a loop that never reaches a switch point or `vt::check_cancelled`,
+/// or an `uncancellable` section that does not end. It walks the live fibers at most once per
+/// period, and only for a while after a stop was asked for (`cancel::slow_stops_due`).
+struct SlowStops {
+    next: Instant,
+    /// The last walk found a stop not yet due for a report.
+    pending: bool,
+}
+
+impl SlowStops {
+    fn run_if_due(&mut self, rt: &Shared) {
+        let now = Instant::now();
+        if now < self.next || !crate::fiber::cancel::slow_stops_due(self.pending) {
+            return;
+        }
+        self.next = now + Duration::from_millis(u64::from(crate::fiber::cancel::SLOW_STOP_MS) / 4);
+        let mut pending = false;
+        rt.roots.for_each_live(|f| {
+            if let Some(ms) = crate::fiber::cancel::slow_stop(&f, &mut pending) {
+                let name = f.name().map(|n| format!(" {n:?}")).unwrap_or_default();
+                // SAFETY: `shield_at` is null or a `&'static Location` stored by `uncancellable`.
+                let held = match unsafe { f.shield_at.load(Ordering::Relaxed).as_ref() } {
+                    Some(at) => format!("an uncancellable section entered at {at} holds it"),
+                    None => "it has not reached a switch point: a loop that never waits needs \
+                             vt::check_cancelled()"
+                        .to_string(),
+                };
+                eprintln!(
+                    "virtual-threads: fiber {}{name}, spawned at {}, was cancelled {ms} ms ago and has not \
+                     stopped: {held}. (Reported once per fiber.)",
+                    f.id(),
+                    f.spawned_at()
+                );
+            }
+        });
+        self.pending = pending;
+    }
 }
 
 #[cfg(test)]
