@@ -788,3 +788,13 @@ fn scope_cancel_stops_its_fibers_together() {
         assert_eq!(finished.load(Ordering::SeqCst), 0);
     });
 }
+
+#[test]
+fn stops_at_a_signal_wait() {
+    let rt = rt(2);
+    stops_at("signal::wait_for", &rt, || {
+        || {
+            let _ = vt::signal::wait_for(&[vt::signal::Signal::USR2]);
+        }
+    });
+}

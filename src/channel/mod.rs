@@ -28,7 +28,10 @@
 //! - Scheduling is cooperative: a fiber that busy-waits on `try_recv`/`try_send` in a loop
 //!   without a switch point (`vt::yield_now`, any blocking call) keeps its carrier from running
 //!   anything else, including the fiber that would make it ready; the CPU-starvation warning
-//!   names such a fiber. Use `recv`, `recv_timeout` or a `select!` instead.
+//!   names such a fiber. Use `recv`, `recv_timeout` or a `select!` instead (no preemption
+//!   and no spare carrier: `arch/decisions/0004-spin-loops-need-a-switch-point.md`). A poll
+//!   that meets a *waiting* counterpart completes, though: `try_recv` takes the message of a
+//!   sender parked in `send`, `select!` or `Select::select`.
 //! - A send chosen by the dynamic [`Select`] for room in a buffer may wait in
 //!   [`SelectedOperation::send`] if another sender took that room meanwhile (crossbeam reserves
 //!   the room; here only a waiting receiver is held for the chosen send; see [`Select`]).
