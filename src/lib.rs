@@ -15,6 +15,8 @@
 //! | serve or call over the network | [`net`]: [`TcpListener`](net::TcpListener), [`TcpStream`](net::TcpStream), [`UdpSocket`](net::UdpSocket) |
 //! | read and write files | [`fs`] |
 //! | call a library that blocks its thread | [`blocking`] |
+//! | stop a fiber, or code past a deadline | [`JoinHandle::cancel`], [`CancelHandle`], [`timeout`], [`uncancellable`] |
+//! | run many fibers and stop the rest together | [`JoinSet`] (completion order), [`TaskScope`] (first error or success), [`Scope::cancel`] |
 //! | replace a thread pool | [`ThreadPool`], [`ThreadPoolBuilder`] |
 //! | keep per-fiber state | [`fiber_local!`] |
 //! | wait for a future, or await a fiber | [`future::block_on`]; [`JoinHandle`] is `IntoFuture` |
@@ -109,6 +111,7 @@ pub mod fs;
 pub mod future;
 #[cfg(feature = "hooks")]
 mod hooks;
+mod join_set;
 mod loom;
 pub mod net;
 mod platform;
@@ -118,8 +121,12 @@ mod scheduler;
 mod scope;
 pub mod signal;
 pub mod sync;
+mod task_scope;
 
 pub use blocking::blocking;
+pub use fiber::cancel::{
+    CancelHandle, Cancelled, Elapsed, check_cancelled, deadline, is_cancelled, timeout, uncancellable,
+};
 pub use fiber::compact::no_compaction;
 pub use fiber::handle::{Fiber, current};
 pub use fiber::id::FiberId;
@@ -129,6 +136,7 @@ pub use fiber::park::{park, park_timeout, yield_now};
 pub use fiber::sleep::{sleep, sleep_until};
 pub use fiber::stack::{DEFAULT_STACK_SIZE, MAX_STACK_SIZE, MIN_STACK_SIZE};
 pub use fiber::wait::WaitReason;
+pub use join_set::JoinSet;
 pub use pool::{PoolScope, ThreadPool, ThreadPoolBuilder};
 pub use runtime::inspect::{dump, metrics};
 pub use runtime::metrics::{BlockingLocation, CarrierMetrics, Metrics};
@@ -136,3 +144,4 @@ pub use runtime::spawn::{Builder, spawn};
 pub use runtime::{Handle, Runtime};
 pub use scheduler::diagnostics::{FiberDump, FiberGroup, FiberInfo, FiberState};
 pub use scope::{Scope, ScopedJoinHandle, join, pinned, scope};
+pub use task_scope::{TaskError, TaskScope, Tasks};

@@ -123,6 +123,10 @@ mod hooks_off {
         pub(crate) const fn new(t: T) -> Mutex<T> {
             Mutex(std::sync::Mutex::new(t))
         }
+
+        pub(crate) fn into_inner(self) -> LockResult<T> {
+            self.0.into_inner()
+        }
     }
 
     impl<T: ?Sized> Mutex<T> {

@@ -12,6 +12,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use crate::fiber::NO_HOME;
+use crate::fiber::cancel;
 use crate::fiber::compact::Lent;
 use crate::fiber::context;
 use crate::fiber::handle::{Fiber, current};
@@ -25,6 +26,9 @@ pub(crate) use crate::fiber::scope_data::{FirstPanic, ScopeData};
 /// A scope to spawn fibers that may borrow from outside it; see [`scope`].
 pub struct Scope<'scope, 'env: 'scope> {
     data: Arc<ScopeData>,
+    /// Its fibers, to stop them together (`cancel`), and whether they were.
+    fibers: crate::loom::StdMutex<Fibers>,
+    cancelled: AtomicBool,
     scope: PhantomData<&'scope mut &'scope ()>,
     env: PhantomData<&'env mut &'env ()>,
 }
@@ -35,6 +39,8 @@ pub struct ScopedJoinHandle<'scope, T> {
     _scope: PhantomData<&'scope ()>,
 }
 
+/// `vt::scope(|s| { s.spawn(|| left.sort()); s.spawn(|| right.sort()); });`
+///
 /// Creates a scope for spawning fibers that borrow from the caller's stack, like
 /// `std::thread::scope`. Every fiber spawned in it is joined before `scope` returns.
 ///
@@ -68,14 +74,28 @@ where
             first_panic: FirstPanic::default(),
             main: current(),
         }),
+        fibers: crate::loom::StdMutex::new(Fibers::default()),
+        cancelled: AtomicBool::new(false),
         scope: PhantomData,
         env: PhantomData,
     };
     // Unwound from a wait (the runtime's drop), the frame still outlives the scoped fibers.
     let _wait = WaitOnUnwind::new(WaitReason::Scope, || scope.data.running.load(Ordering::Acquire) == 0);
     let result = catch_unwind(AssertUnwindSafe(|| f(&scope)));
-    while scope.data.running.load(Ordering::Acquire) != 0 {
-        crate::fiber::park::park_for(crate::fiber::wait::WaitReason::Scope, None);
+    // A stopped owner stops its fibers and waits for them *before* its unwind goes on, with
+    // nothing unwinding (`catch_unwind` above ended it): a wait during an unwind could not let
+    // them run on this carrier (ADR 0004). The wait itself is shielded; a stop request that
+    // comes during it wakes it, stops the fibers, and acts after it.
+    if matches!(&result, Err(p) if cancel::is_cancel_payload(&**p)) {
+        scope.cancel();
+    }
+    cancel::wait_shielded(
+        crate::fiber::wait::WaitReason::Scope,
+        || scope.data.running.load(Ordering::Acquire) == 0,
+        || scope.cancel(),
+    );
+    if result.is_ok() {
+        cancel::check_cancelled();
     }
     match result {
         Err(e) => resume_unwind(e),
@@ -106,12 +126,63 @@ impl<'scope, 'env> Scope<'scope, 'env> {
             Builder::new().spawn_unchecked_at(rt, f, at, data)
         });
         match r {
-            Ok(inner) => ScopedJoinHandle { inner, _scope: PhantomData },
+            Ok(inner) => {
+                self.fibers.lock().unwrap_or_else(std::sync::PoisonError::into_inner).push(inner.fiber());
+                // Read after the push: `cancel` either sees this fiber or was here first.
+                if self.cancelled.load(Ordering::SeqCst) {
+                    inner.cancel();
+                }
+                ScopedJoinHandle { inner, _scope: PhantomData }
+            }
             Err(e) => {
                 self.data.fiber_done(false);
                 panic!("failed to spawn fiber: {e}")
             }
         }
+    }
+}
+
+/// The handles of a scope's fibers, for `Scope::cancel`. Finished ones are dropped whenever the
+/// list has doubled since the last look, so a long-lived scope that keeps spawning holds at most
+/// about twice its live fibers' records, at an amortised constant cost per spawn.
+#[derive(Default)]
+struct Fibers {
+    all: Vec<Fiber>,
+    prune_at: usize,
+}
+
+impl Fibers {
+    fn push(&mut self, f: &Fiber) {
+        if self.all.len() >= self.prune_at {
+            self.all.retain(|f| f.record().is_some_and(|r| !crate::fiber::join::has_finished(r)));
+            self.prune_at = (2 * self.all.len()).max(64);
+        }
+        self.all.push(f.clone());
+    }
+}
+
+impl Scope<'_, '_> {
+    /// Stops every fiber of the scope, those spawned later included: each unwinds with
+    /// [`Cancelled`](crate::Cancelled) at its current or next switch point (one that has not
+    /// started never runs). Returns at once; `scope` still waits for them all. A fiber stopped
+    /// this way does not make `scope` panic (a join of it returns the `Cancelled` payload).
+    ///
+    /// The scope does this by itself when its owner is cancelled. By default a panicking fiber
+    /// does not stop the others (as in `std::thread::scope`, and so that a scope's meaning does
+    /// not change under existing code): a program that wants that calls `cancel` from the
+    /// failing fiber.
+    pub fn cancel(&self) {
+        self.cancelled.store(true, Ordering::SeqCst);
+        let fibers =
+            std::mem::take(&mut self.fibers.lock().unwrap_or_else(std::sync::PoisonError::into_inner).all);
+        for f in &fibers {
+            cancel::cancel(f);
+        }
+    }
+
+    /// Whether [`cancel`](Self::cancel) was called (or the owner was cancelled).
+    pub fn is_cancelled(&self) -> bool {
+        self.cancelled.load(Ordering::Relaxed)
     }
 }
 
@@ -144,6 +215,8 @@ impl<T> fmt::Debug for ScopedJoinHandle<'_, T> {
     }
 }
 
+/// `let (a, b) = vt::join(|| sum(&left), || sum(&right));`
+///
 /// Runs `a` and `b` potentially in parallel and returns both results, like `rayon::join`:
 /// `b` becomes a fiber other carriers can steal while the caller runs `a` itself.
 ///
@@ -170,14 +243,23 @@ where
     let watch = hb.fiber().clone();
     let mut wait = WaitOnUnwind::new(WaitReason::Join, move || finished(&watch));
     let ra = catch_unwind(AssertUnwindSafe(a));
-    let rb = hb.join();
+    // As in `scope`: a stopped caller stops `b` and waits for it before unwinding on.
+    if matches!(&ra, Err(p) if cancel::is_cancel_payload(&**p)) || cancel::whole_fiber_cancelled() {
+        hb.cancel();
+    }
+    let rb = cancel::shielded(|| hb.join());
     wait.disarm();
+    if ra.is_ok() {
+        cancel::check_cancelled();
+    }
     match (ra, rb) {
         (Ok(ra), Ok(rb)) => (ra, rb),
         (Err(e), _) | (_, Err(e)) => resume_unwind(e),
     }
 }
 
+/// `let n = vt::pinned(|| LOCAL.with(|l| l.borrow().len()));`
+///
 /// Runs `f` with the calling fiber pinned to its current carrier: it may park and yield, but
 /// resumes only there, so `!Send` values and thread-local references may be held across switch
 /// points inside `f`. On a plain thread it just runs `f`.

@@ -568,3 +568,73 @@ fn handle_current_metrics_and_dump_are_the_callers_runtime_or_the_default() {
     drop(tx);
     assert!(parked.join().unwrap().is_err());
 }
+
+/// A stopped fiber shows as cancelled in the dump, and the section that defers its stop is
+/// named.
+#[test]
+fn dump_shows_cancelled_fibers_and_their_uncancellable_section() {
+    let rt = vt::Runtime::builder().carriers(1).build().unwrap();
+    let (in_tx, in_rx) = vt::channel::bounded::<()>(0);
+    let (go_tx, go_rx) = vt::channel::bounded::<()>(0);
+    let h = rt.spawn(move || {
+        vt::uncancellable(|| {
+            in_tx.send(()).unwrap();
+            go_rx.recv().unwrap();
+        });
+        vt::yield_now(); // the deferred stop acts at this next switch point
+    });
+    in_rx.recv().unwrap();
+    h.cancel();
+    let text = loop {
+        let dump = rt.dump();
+        let me = dump.fibers().iter().find(|f| f.id == h.fiber().id()).cloned();
+        if let Some(f) = me.filter(|f| matches!(f.state, vt::FiberState::Parked { .. })) {
+            assert!(f.cancelled);
+            let at = f.uncancellable_at.expect("the section is named");
+            assert!(at.file().ends_with("diagnostics.rs"), "{at}");
+            break dump.to_string();
+        }
+        std::thread::yield_now();
+    };
+    assert!(text.contains("1 cancelled") && text.contains("uncancellable section at"), "{text}");
+    go_tx.send(()).unwrap();
+    assert!(h.join().unwrap_err().downcast_ref::<vt::Cancelled>().is_some());
+}
+
+/// A cancelled fiber that keeps computing without a switch point is reported once, with its
+/// spawn site, after about a second.
+#[test]
+fn a_cancelled_fiber_that_does_not_stop_is_reported_once() {
+    if std::env::var(CHILD).as_deref() == Ok("slow-stop") {
+        let rt = vt::Runtime::builder().carriers(2).build().unwrap();
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let s = stop.clone();
+        let (running_tx, running_rx) = std::sync::mpsc::channel::<()>();
+        let h = vt::Builder::new()
+            .name("spinner".into())
+            .spawn_on(&rt.handle(), move || {
+                running_tx.send(()).unwrap();
+                while !s.load(std::sync::atomic::Ordering::Relaxed) {
+                    std::hint::spin_loop();
+                }
+                vt::yield_now(); // stopped here, once let go
+            })
+            .unwrap();
+        running_rx.recv().unwrap();
+        h.cancel();
+        std::thread::sleep(Duration::from_millis(2_500));
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        assert!(h.join().unwrap_err().downcast_ref::<vt::Cancelled>().is_some());
+        return;
+    }
+    let (code, signal, stderr) =
+        run_child("a_cancelled_fiber_that_does_not_stop_is_reported_once", "slow-stop");
+    assert_eq!((code, signal), (Some(0), None), "stderr: {stderr}");
+    assert_eq!(stderr.matches("was cancelled").count(), 1, "reported once: {stderr}");
+    assert!(
+        stderr.contains("\"spinner\"")
+            && stderr.contains("diagnostics.rs")
+            && stderr.contains("check_cancelled"),
+        "stderr: {stderr}"
+    );
+}

@@ -135,3 +135,24 @@ fn long_runs_stop_on_sigint_and_sigterm_with_their_summary() {
         );
     }
 }
+
+#[test]
+fn deadline_keeps_what_arrives_in_time_and_stops_the_rest() {
+    let help = String::from_utf8(example("deadline").arg("--help").output().unwrap().stdout).unwrap();
+    assert!(help.contains("--deadline-ms D") && help.contains("--parked"), "{help}");
+    let out = example("deadline").args(["--fibers", "2000", "--carriers", "2"]).output().unwrap();
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(out.status.success(), "deadline: {:?} {}", out.status, String::from_utf8_lossy(&out.stderr));
+    let count = |label: &str| -> u64 {
+        let line = text.lines().find(|l| l.trim_start().starts_with(label)).unwrap_or("");
+        line.split_whitespace().nth(1).and_then(|n| n.parse().ok()).unwrap_or(0)
+    };
+    let (finished, stopped, late) = (count("finished"), count("stopped"), count("late"));
+    // Every fiber is accounted for once; with sleeps of 1-50 ms and a 30 ms deadline, some
+    // finish and some are stopped (the split depends on the machine's load).
+    assert_eq!(finished + stopped + late, 2000, "{text}");
+    assert!(stopped > 0, "{text}");
+    let out = example("deadline").args(["--parked", "--fibers", "1000", "--iters", "2"]).output().unwrap();
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(out.status.success() && text.contains("after its deadline"), "{text}");
+}

@@ -67,8 +67,10 @@ fn nested_spawns_spread_over_carriers_and_return_their_values() {
     }
     let t = threads.clone();
     assert_eq!(rt.block_on(move || tree(12, t)), 4096);
-    // Both carriers ran fibers (the tree is wide enough for the idle one to steal).
-    assert_eq!(threads.lock().unwrap().len(), 2);
+    // Both carriers ran fibers (the tree is wide enough for the idle one to steal). More may
+    // have: on a loaded machine the carriers can spend most of their time asleep on the
+    // `threads` lock above (its holder descheduled), which the supervisor compensates.
+    assert!(threads.lock().unwrap().len() >= 2, "{}", rt.metrics());
 }
 
 /// A finished child wakes its joiner behind the run queue, not into the LIFO slot: a parent that
@@ -834,5 +836,9 @@ fn fibers_spawned_by_one_fiber_start_on_every_carrier() {
     let started: Vec<u64> = m.per_carrier.iter().map(|c| c.fibers_started).collect();
     assert_eq!(started.iter().sum::<u64>(), 201, "{m}");
     // Generous: a loaded machine may hold one carrier back for a while, but not for all 200.
-    assert!(started.iter().all(|&s| s >= 10), "fibers started per carrier: {started:?}\n{m}");
+    // Counted over carriers, not per slot: a machine that slow (or valgrind, which runs one
+    // thread at a time) may also make the supervisor start a spare, which then finds the
+    // fibers already taken and starts none.
+    let busy = started.iter().filter(|&&s| s >= 10).count();
+    assert!(busy >= 2, "fibers started per carrier: {started:?}\n{m}");
 }

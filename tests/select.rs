@@ -853,6 +853,38 @@ fn non_blocking_receives_meet_a_sender_parked_in_a_select() {
     });
 }
 
+/// The other order: a receiver waits in `ready()` first, then a select comes to send; the
+/// select's arrival wakes the `ready()` (before, both slept for ever: crossbeam ready
+/// `fairness2`), and the receive that follows gets the message.
+#[test]
+fn a_receiver_waiting_in_ready_wakes_for_a_select_that_comes_to_send() {
+    let rt = rt();
+    let h = rt.handle();
+    within(Duration::from_secs(120), move || {
+        rt.block_on(|| {
+            let (s, r) = channel::bounded::<u32>(0);
+            for round in 0..6u32 {
+                let r2 = r.clone();
+                let receiver = vt::spawn(move || {
+                    let mut sel = channel::Select::new();
+                    sel.recv(&r2);
+                    assert_eq!(sel.ready(), 0);
+                    r2.try_recv()
+                });
+                until_parked(&h, receiver.fiber().id(), vt::WaitReason::Select);
+                if round % 2 == 0 {
+                    vt::select! { send(s, round) -> res => res.unwrap() }
+                } else {
+                    let mut sel = channel::Select::new();
+                    sel.send(&s);
+                    sel.select().send(&s, round).unwrap();
+                }
+                assert_eq!(receiver.join().unwrap(), Ok(round));
+            }
+        });
+    });
+}
+
 /// A `select!` send arm chosen for a waiting receiver holds that receiver while its message
 /// is made, even when making it receives from the same rendezvous channel: the next sender
 /// serves the select's own receive, not the held receiver (which would leave the select
@@ -1033,4 +1065,37 @@ fn a_held_receiver_is_given_back_when_the_send_fails() {
             assert_eq!(receiver.join().unwrap(), Ok(2));
         });
     });
+}
+
+/// A selected send on a buffered channel reserves no room: forgetting its operation
+/// (`mem::forget`) leaves the channel as it was, and dropping it returns (crossbeam's
+/// `forget_select_bounded` asserts that its drop hangs there).
+#[test]
+fn a_forgotten_selected_send_reserves_no_room() {
+    let (s, r) = channel::bounded::<u8>(1);
+    let mut sel = channel::Select::new();
+    sel.send(&s);
+    std::mem::forget(sel.select());
+    drop(sel);
+    assert_eq!(s.try_send(1), Ok(()));
+    assert_eq!(r.try_recv(), Ok(1));
+    drop((s, r));
+}
+
+/// crossbeam's import style: `use vt::channel::select` brings the macro alone, so a module
+/// of the user's named `select` beside it compiles (E0255 before: the import was a module).
+mod crossbeam_style_imports {
+    use virtual_threads::channel::{select, select_biased, unbounded};
+
+    #[allow(dead_code)]
+    mod select {}
+
+    #[test]
+    fn the_macros_come_from_the_channel_module() {
+        let (s, r) = unbounded::<i32>();
+        s.send(1).unwrap();
+        select! { recv(r) -> v => assert_eq!(v, Ok(1)) }
+        s.send(2).unwrap();
+        select_biased! { recv(r) -> v => assert_eq!(v, Ok(2)) }
+    }
 }

@@ -729,3 +729,26 @@ fn locks_are_unwind_safe() {
     });
     assert!(r.is_err() && m.is_poisoned());
 }
+
+/// A `OnceLock` may be dropped after what its value borrows, as std's may (the drop check:
+/// did not compile before), and a taken or never-set cell drops nothing twice.
+#[test]
+fn once_lock_may_outlive_what_its_value_borrows() {
+    let cell = vt::sync::OnceLock::new();
+    {
+        let local = String::from("borrowed");
+        cell.set(&local).unwrap();
+        assert_eq!(cell.get().map(|s| s.len()), Some(8));
+    }
+    // `cell` (holding a dangling `&String` it never reads again) is dropped here.
+
+    let drops = std::sync::Arc::new(());
+    let mut cell = vt::sync::OnceLock::new();
+    cell.set(drops.clone()).unwrap();
+    assert_eq!(std::sync::Arc::strong_count(&drops), 2);
+    assert!(cell.take().is_some());
+    assert_eq!((cell.get(), std::sync::Arc::strong_count(&drops)), (None, 1));
+    cell.set(drops.clone()).unwrap();
+    drop(cell);
+    assert_eq!(std::sync::Arc::strong_count(&drops), 1);
+}

@@ -1153,6 +1153,11 @@ impl<'a, T> Locked<'a, T> {
     /// Registers `waiter` to be woken when the channel may have become ready to send;
     /// `sends`: it will send once chosen, so a receiver may pick it (see [`Watcher`]).
     pub(crate) fn watch_send(&mut self, waiter: &Arc<Waiter>, op: usize, sends: bool) {
+        if sends {
+            // A counterpart for receivers, as a send slot is: a `ready()` waiting to receive
+            // here looks again (it would sleep through the pairing otherwise).
+            notify(&mut self.synced.recv_watchers, Some(waiter));
+        }
         self.synced.send_watchers.push(Watcher { waiter: waiter.clone(), op, sends });
     }
 
@@ -1224,8 +1229,8 @@ impl<'a, T> Locked<'a, T> {
     /// Removes every slot and watcher of `waiter`.
     pub(crate) fn unregister(&mut self, waiter: &Waiter) {
         let synced = &mut *self.synced;
-        synced.senders.remove(waiter);
-        synced.receivers.remove(waiter);
+        synced.senders.remove_all(waiter);
+        synced.receivers.remove_all(waiter);
         for watchers in [&mut synced.send_watchers, &mut synced.recv_watchers] {
             watchers.retain(|w| !std::ptr::eq(&*w.waiter, waiter));
         }

@@ -28,7 +28,10 @@
 //! - Scheduling is cooperative: a fiber that busy-waits on `try_recv`/`try_send` in a loop
 //!   without a switch point (`vt::yield_now`, any blocking call) keeps its carrier from running
 //!   anything else, including the fiber that would make it ready; the CPU-starvation warning
-//!   names such a fiber. Use `recv`, `recv_timeout` or a `select!` instead.
+//!   names such a fiber. Use `recv`, `recv_timeout` or a `select!` instead (no preemption
+//!   and no spare carrier: `arch/decisions/0004-spin-loops-need-a-switch-point.md`). A poll
+//!   that meets a *waiting* counterpart completes, though: `try_recv` takes the message of a
+//!   sender parked in `send`, `select!` or `Select::select`.
 //! - A send chosen by the dynamic [`Select`] for room in a buffer may wait in
 //!   [`SelectedOperation::send`] if another sender took that room meanwhile (crossbeam reserves
 //!   the room; here only a waiting receiver is held for the chosen send; see [`Select`]).
@@ -63,6 +66,8 @@ pub use error::{
     TryReadyError, TryRecvError, TrySelectError, TrySendError,
 };
 
+/// `let (tx, rx) = vt::channel::bounded::<u64>(16);`
+///
 /// Creates a channel that holds at most `cap` messages; `bounded(0)` is a rendezvous, where a
 /// send completes only when a receiver takes the message.
 ///
@@ -80,12 +85,16 @@ pub fn bounded<T>(cap: usize) -> (Sender<T>, Receiver<T>) {
     (Sender { chan: chan.clone() }, Receiver { chan })
 }
 
+/// `let (tx, rx) = vt::channel::unbounded::<String>();`
+///
 /// Creates a channel of unlimited capacity: sends never block.
 pub fn unbounded<T>() -> (Sender<T>, Receiver<T>) {
     let chan = Arc::new(Chan::new(UNBOUNDED));
     (Sender { chan: chan.clone() }, Receiver { chan })
 }
 
+/// `let timeout = if limited { vt::channel::after(limit) } else { vt::channel::never() };`
+///
 /// A receiver that never delivers a message and never disconnects: an arm of a select that is
 /// never ready (crossbeam's `never`), handy for an optional channel.
 ///
@@ -103,6 +112,8 @@ pub fn never<T>() -> Receiver<T> {
     Receiver { chan: Arc::new(Chan::new_never()) }
 }
 
+/// `vt::select! { recv(rx) -> msg => handle(msg), recv(vt::channel::after(Duration::from_secs(1))) -> _ => timed_out() }`
+///
 /// A receiver that gets one message, the instant it was due, after `duration`, and nothing
 /// after (crossbeam's `after`). It never disconnects. Its receive parks the fiber until then.
 ///
@@ -118,6 +129,8 @@ pub fn after(duration: Duration) -> Receiver<Instant> {
     timer(Instant::now().checked_add(duration), None)
 }
 
+/// `for _ in vt::channel::tick(Duration::from_secs(1)).iter().take(3) { report(); }`
+///
 /// A receiver that gets a message every `duration`, the instant it was due (crossbeam's
 /// `tick`): the first after `duration`, each next one `duration` after the previous one was
 /// taken, so a slow reader gets no backlog. It never disconnects.
@@ -135,11 +148,15 @@ fn deadline_after(timeout: Duration) -> Option<Instant> {
     Instant::now().checked_add(timeout)
 }
 
+/// `let (tx, rx) = vt::channel::bounded(1); vt::spawn(move || tx.send(42).unwrap());`
+///
 /// The sending half of a channel; clone it for more producers.
 pub struct Sender<T> {
     chan: Arc<Chan<T>>,
 }
 
+/// `for msg in rx.iter() { handle(msg); } // until every Sender is dropped`
+///
 /// The receiving half of a channel; clone it for more consumers.
 pub struct Receiver<T> {
     chan: Arc<Chan<T>>,

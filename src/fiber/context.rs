@@ -12,6 +12,7 @@ use std::cell::Cell;
 use std::ptr;
 
 use super::FiberRecord;
+use super::cancel::{DeadlineScope, PlainStop};
 use super::local_map::Locals;
 
 /// The fiber a carrier runs now (null between fibers): a field of the scheduler's `Carrier`,
@@ -47,6 +48,11 @@ thread_local! {
     /// shard hint.
     /// Fiber-local values of a plain thread (the `fiber_local!` fallback).
     static PLAIN_LOCALS: Locals = Locals::default();
+    /// Fibers that switched out while unwinding on this carrier thread (`park.rs`), so that
+    /// `panicking()` here may be theirs.
+    static UNWINDS_PARKED: Cell<u32> = const { Cell::new(0) };
+    /// A plain thread's open `vt::timeout`s and `uncancellable` depth (`cancel.rs`).
+    static PLAIN_STOP: Cell<PlainStop> = const { Cell::new(PlainStop::NONE) };
     static PLAIN: Cell<PlainThread> = const { Cell::new(PlainThread { id: 0, ids: (0, 0), shard: usize::MAX }) };
     /// In a child process forked from a fiber: that fiber (it runs as this plain thread now).
     static FORKED: Cell<*const FiberRecord> = const { Cell::new(ptr::null()) };
@@ -207,4 +213,29 @@ pub(crate) fn with_plain<R>(f: impl FnOnce(&mut PlainThread) -> R) -> R {
 #[inline(never)]
 pub(crate) fn with_plain_locals<R>(f: impl FnOnce(&Locals) -> R) -> R {
     PLAIN_LOCALS.with(f)
+}
+
+/// This plain thread's stop state (`cancel.rs`). Plain threads do not switch.
+#[inline(never)]
+pub(crate) fn plain_stop() -> PlainStop {
+    PLAIN_STOP.with(Cell::get)
+}
+
+pub(crate) fn set_plain_deadlines(d: *const DeadlineScope) {
+    PLAIN_STOP.with(|c| c.set(PlainStop { deadlines: d, ..c.get() }));
+}
+
+pub(crate) fn set_plain_shield(shield: u32) {
+    PLAIN_STOP.with(|c| c.set(PlainStop { shield, ..c.get() }));
+}
+
+/// Fibers parked mid-unwind on this thread (`park::may_park_while_unwinding`).
+#[inline(never)]
+pub(crate) fn unwinds_parked() -> u32 {
+    UNWINDS_PARKED.with(Cell::get)
+}
+
+#[inline(never)]
+pub(crate) fn add_unwinds_parked(n: i32) {
+    UNWINDS_PARKED.with(|c| c.set(c.get().wrapping_add_signed(n)));
 }

@@ -92,6 +92,10 @@ unsafe fn run_closure<F: FnOnce() -> T + Send, T: Send>(me: &FiberRecord) {
         // Cancelled before it ever ran: drop the closure (its captures' destructors run here).
         let _ = catch_unwind(AssertUnwindSafe(move || drop(f)));
         Err(Box::new(CANCELLED) as Box<dyn std::any::Any + Send>)
+    } else if me.stop.load(Ordering::Acquire) & super::cancel::CANCEL != 0 {
+        // Stopped before its first run: it never starts.
+        let _ = catch_unwind(AssertUnwindSafe(move || drop(f)));
+        Err(Box::new(super::cancel::Cancelled) as Box<dyn std::any::Any + Send>)
     } else {
         match catch_unwind(AssertUnwindSafe(f)) {
             // The runtime's drop unwound it (corosensei's private unwind payload).
@@ -126,6 +130,8 @@ unsafe fn drop_result<T>(rec: &FiberRecord) -> bool {
     // SAFETY: see the function's contract.
     match unsafe { rec.take_stage::<std::thread::Result<T>>() } {
         Ok(_) => false,
+        // A stopped fiber is no failure of its scope: whoever stopped it asked for that.
+        Err(payload) if super::cancel::is_cancel_payload(&*payload) => false,
         Err(payload) => {
             // SAFETY: as the only party to the result, the caller is also the only one to touch
             // the scope cell until it tells the scope (`join::scope_done`), after this.

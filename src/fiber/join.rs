@@ -156,11 +156,19 @@ fn scope_done(rec: &FiberRecord, unhandled_panic: bool) {
     }
 }
 
+/// `let h: vt::JoinHandle<u64> = vt::spawn(|| 1 + 1); let two = h.join().unwrap();`
+///
 /// An owned permission to join a fiber (wait for it to finish and take its result), like
 /// `std::thread::JoinHandle`. Dropping it detaches the fiber, which keeps running.
 pub struct JoinHandle<T> {
     pub(crate) fiber: Fiber,
     pub(crate) _result: PhantomData<fn() -> T>,
+}
+
+/// Whether the fiber of `rec` has finished: its result was published (and perhaps taken), or
+/// its record says so.
+pub(crate) fn has_finished(rec: &FiberRecord) -> bool {
+    matches!(rec.join.load(Ordering::Acquire), DONE | TAKEN) || rec.state() == super::DONE
 }
 
 impl<T> JoinHandle<T> {
@@ -201,6 +209,19 @@ impl<T> JoinHandle<T> {
     /// The fiber's handle.
     pub fn fiber(&self) -> &Fiber {
         &self.fiber
+    }
+
+    /// Asks the fiber to stop: it unwinds with [`Cancelled`](crate::Cancelled) at its current
+    /// wait or its next switch point (every destructor runs), and [`join`](Self::join) returns
+    /// `Err` holding that payload. A fiber that has not started never runs; a finished one is
+    /// left as it is. Returns at once.
+    pub fn cancel(&self) {
+        super::cancel::cancel(&self.fiber);
+    }
+
+    /// A handle that cancels this fiber without owning its join; `Clone + Send + Sync`.
+    pub fn cancel_handle(&self) -> super::cancel::CancelHandle {
+        super::cancel::CancelHandle::new(self.fiber.clone())
     }
 }
 

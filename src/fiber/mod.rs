@@ -6,6 +6,7 @@
 //! → DONE). fiber/ is the bottom layer but the loom facade and platform/ (`arch/layers.md`):
 //! what it needs from the scheduler it declares in `schedule.rs`. See `arch/fiber.md`.
 
+pub(crate) mod cancel;
 pub(crate) mod compact;
 pub(crate) mod context;
 pub(crate) mod coroutine;
@@ -29,7 +30,7 @@ use std::mem::MaybeUninit;
 use std::panic::Location;
 use std::ptr::NonNull;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU16, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 
 use corosensei::{Coroutine, Yielder};
 
@@ -122,6 +123,10 @@ pub(crate) struct FiberRecord {
     /// What the fiber parked on last (`WaitReason` code, `WAIT_TIMED` flag), for dumps. Written
     /// by the fiber before it parks; atomics because a dump reads them while the fiber runs.
     pub(crate) wait: AtomicU8,
+    /// Stop requests (`cancel.rs`): `CANCEL` (the whole fiber), `DEADLINE` (a `vt::timeout` is
+    /// open on its stack). Zero for almost every fiber, so a switch point pays one load of a
+    /// byte on a line it already touches, and the rest is in `cancel::stop_point`.
+    pub(crate) stop: AtomicU8,
     /// Carrier this fiber must run on (its home once started, or `pinned` where migration is on),
     /// or `NO_HOME`. Written by
     /// the fiber while running; read by whoever schedules it, after the state word's
@@ -156,6 +161,9 @@ pub(crate) struct FiberRecord {
     /// after that frame began, by the fiber or one of its descendants, so it is deeper: the
     /// runtime's drop unwinds the deepest fibers first (bug 11 in `arch/reliability.md`).
     pub(crate) depth: Cell<u32>,
+    /// Depth of `vt::uncancellable` sections: a stop request waits while positive. Written by
+    /// the fiber; atomic because dumps read it.
+    pub(crate) shield: AtomicU16,
     // Bytes 128-191: what a join reads (the hand-off, the result) and what dropping a handle
     // writes, apart from what the fiber's carrier writes as it runs: a join on a fiber that
     // finished on another carrier moves at most two lines across, not three.
@@ -168,6 +176,9 @@ pub(crate) struct FiberRecord {
     /// The join hand-off (`join.rs`).
     pub(crate) join: AtomicU8,
     pub(crate) stage_kind: Cell<u8>,
+    /// When the fiber was first asked to stop (ms since `cancel::since_epoch`'s epoch, at least
+    /// 1), 0 if never, `u32::MAX` once a slow stop was reported: the supervisor's report.
+    pub(crate) cancelled_at: AtomicU32,
     // The rest: spawn and finish.
     pub(crate) vtable: Cell<&'static StageVTable>,
     /// The size class of this fiber's stack.
@@ -189,20 +200,29 @@ pub(crate) struct FiberRecord {
     /// other than its home carrier makes it runnable. Meaningful only while it is queued there
     /// (it holds its run reference then, so it is in no other queue).
     pub(crate) inbox_next: crate::loom::AtomicUsize,
+    /// The call site of the outermost `vt::uncancellable` section, for dumps.
+    pub(crate) shield_at: std::sync::atomic::AtomicPtr<Location<'static>>,
+    /// The innermost `vt::timeout` open on the fiber's stack (a list through its frames), or
+    /// null. Touched by the fiber only.
+    pub(crate) deadlines: Cell<*const cancel::DeadlineScope>,
 }
 
 /// The layout the comments in `FiberRecord` describe, checked when the crate builds: the
 /// switch's fields in the first 64 bytes, the coroutine in the next 64, the join's in the
 /// third, five lines' worth in all.
+#[cfg(not(loom))]
 const LAYOUT: () = {
     use std::mem::{offset_of, size_of};
     assert!(offset_of!(FiberRecord, since) + size_of::<u64>() <= 64, "the switch's bytes overflowed");
+    assert!(offset_of!(FiberRecord, stop) < 64, "the stop byte left the switch's line");
     assert!(offset_of!(FiberRecord, co) == 64, "the coroutine does not start at 64");
     assert!(offset_of!(FiberRecord, depth) + size_of::<u32>() <= 128, "the coroutine's bytes overflowed");
     assert!(offset_of!(FiberRecord, stage) == 128, "the stage does not start at 128");
     assert!(offset_of!(FiberRecord, stage_kind) < 192, "the join's bytes overflowed");
     assert!(size_of::<FiberRecord>() <= 5 * 64, "the record grew past 320 bytes");
 };
+// Loom's atomics (the state word's, the inbox link's) are larger: the layout is the real build's.
+#[cfg(not(loom))]
 const _: () = LAYOUT;
 
 // Why: the `Coroutine` is `!Send` because the data on its stack may be `!Send`. By default a
@@ -282,6 +302,11 @@ impl FiberRecord {
             timer_gen: AtomicU64::new(0),
             inbox_next: crate::loom::AtomicUsize::new(0),
             cancelled: AtomicBool::new(false),
+            stop: AtomicU8::new(0),
+            shield: AtomicU16::new(0),
+            shield_at: std::sync::atomic::AtomicPtr::new(std::ptr::null_mut()),
+            deadlines: Cell::new(std::ptr::null()),
+            cancelled_at: AtomicU32::new(0),
             locals: local_map::Locals::default(),
             spawns: Cell::new(0),
             depth: Cell::new(0),
@@ -332,6 +357,10 @@ impl FiberRecord {
         r.home.store(NO_HOME, Ordering::Relaxed);
         r.pin_depth.set(0);
         r.cancelled.store(false, Ordering::Relaxed);
+        // `shield`, `shield_at` and `deadlines` are back to zero when a fiber ends (their guards
+        // run on every path), and `cancelled_at` means something only with `CANCEL` set.
+        r.stop.store(0, Ordering::Relaxed);
+        debug_assert!(r.shield.load(Ordering::Relaxed) == 0 && r.deadlines.get().is_null());
         r.spawns.set(0);
         r.depth.set(init.depth);
         r.yielder.set(std::ptr::null());

@@ -15,6 +15,7 @@ use std::ptr::NonNull;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
+use super::cancel;
 use super::context;
 use super::handle::Fiber;
 use super::schedule::{RuntimeRef, Schedule};
@@ -46,12 +47,16 @@ pub(super) fn running() -> Option<Me> {
     NonNull::new(rec.cast_mut()).map(|rec| Me { rec, cancelling, _in_this_frame: PhantomData })
 }
 
+/// `let me = vt::current(); waiters.push(me); vt::park(); // until someone calls me.unpark()`
+///
 /// Blocks the calling fiber until its token is available (see [`Fiber::unpark`]); may return
 /// spuriously. On a plain thread this is `std::thread::park`.
 pub fn park() {
     park_for(WaitReason::Park, None);
 }
 
+/// `vt::park_timeout(Duration::from_millis(50)); // woken by unpark, or after 50 ms`
+///
 /// Like [`park`], but returns after `dur` at the latest.
 pub fn park_timeout(dur: Duration) {
     match Instant::now().checked_add(dur) {
@@ -69,18 +74,28 @@ pub(crate) fn park_for(reason: WaitReason, deadline: Option<Instant>) {
         Some(me) => {
             park_fiber(me.record(), me.cancelling, reason, deadline);
         }
-        None => {
-            let _call = (!reason.waits_for_fibers()).then(PlainCall::enter);
-            match deadline {
-                None => std::thread::park(),
-                Some(d) => std::thread::park_timeout(d.saturating_duration_since(Instant::now())),
-            }
-        }
+        None => park_thread(reason, deadline),
     }
 }
 
-/// Returns true when the park ended because its deadline passed (its timer fired), so that a
-/// sleep need not read the clock again.
+/// `park_for` on a plain thread: std's park, woken at the deadline of a `vt::timeout` around
+/// it, which then unwinds. Out of line: a fiber's park does not carry its code.
+#[inline(never)]
+fn park_thread(reason: WaitReason, deadline: Option<Instant>) {
+    let _call = (!reason.waits_for_fibers()).then(PlainCall::enter);
+    let stops = !context::plain_stop().deadlines.is_null();
+    let deadline = if stops { cancel::plain_park_deadline(deadline) } else { deadline };
+    match deadline {
+        None => std::thread::park(),
+        Some(d) => std::thread::park_timeout(d.saturating_duration_since(Instant::now())),
+    }
+    if stops {
+        cancel::plain_stop_point();
+    }
+}
+
+/// Returns true when the park ended because its deadline passed (its timer fired), so that
+/// a sleep need not read the clock again.
 #[inline(never)]
 pub(super) fn park_fiber(
     rec: &FiberRecord,
@@ -88,6 +103,25 @@ pub(super) fn park_fiber(
     reason: WaitReason,
     deadline: Option<Instant>,
 ) -> bool {
+    // A stop request (`cancel.rs`): a load of a byte on a line the park touches anyway; the
+    // rest is out of line, so the plain park keeps its code.
+    if rec.stop.load(Ordering::Relaxed) != 0 {
+        return park_stopping(rec, cancelling, reason, deadline);
+    }
+    park_plain(rec, cancelling, reason, deadline)
+}
+
+/// `park_fiber` of a fiber with a stop request or an open `vt::timeout`: it may unwind here,
+/// and its park wakes at the deadline of a `timeout` scope that may stop it.
+#[cold]
+#[inline(never)]
+fn park_stopping(rec: &FiberRecord, cancelling: bool, reason: WaitReason, deadline: Option<Instant>) -> bool {
+    let deadline = cancel::stop_point_before_park(rec, deadline);
+    park_plain(rec, cancelling, reason, deadline)
+}
+
+#[inline(always)]
+fn park_plain(rec: &FiberRecord, cancelling: bool, reason: WaitReason, deadline: Option<Instant>) -> bool {
     if rec.take_token() {
         return false;
     }
@@ -102,9 +136,25 @@ pub(super) fn park_fiber(
         return false;
     }
     if std::thread::panicking() {
+        if may_park_while_unwinding(rec) {
+            return park_counted(rec, reason, deadline);
+        }
         park_unwinding(rec, deadline);
         return false;
     }
+    let fired = park_switch(rec, reason, deadline);
+    // A timer that a `vt::timeout` scope's deadline set (`stop_point_before_park`) firing means
+    // that deadline passed, and the stop point unwinds: `fired` is only ever the caller's own.
+    if rec.stop.load(Ordering::Relaxed) != 0 {
+        cancel::stop_point(rec);
+    }
+    fired
+}
+
+/// The park's switch: records why, arms the timer, switches out, and disarms. Returns whether
+/// the timer ended the park.
+#[inline(always)]
+fn park_switch(rec: &FiberRecord, reason: WaitReason, deadline: Option<Instant>) -> bool {
     rec.wait.store(reason.code() | if deadline.is_some() { WAIT_TIMED } else { 0 }, Ordering::Relaxed);
     if let Some(now) = rec.runtime().stamp() {
         rec.since.store(now, Ordering::Relaxed);
@@ -115,6 +165,29 @@ pub(super) fn park_fiber(
     // (`time::fire`), and whoever wins owns the park's end. A timer that fires later must not
     // wake a later park.
     armed.is_some_and(|g| !RuntimeRef::disarm(rec, g))
+}
+
+/// A park during an unwind that switches out (`may_park_while_unwinding`), counted on this
+/// thread until the fiber runs again here (its home).
+#[cold]
+#[inline(never)]
+fn park_counted(rec: &FiberRecord, reason: WaitReason, deadline: Option<Instant>) -> bool {
+    context::add_unwinds_parked(1);
+    let fired = park_switch(rec, reason, deadline);
+    context::add_unwinds_parked(-1);
+    fired
+}
+
+/// Whether a park during an unwind may switch out (the ADR 0004 exception): the fiber is
+/// being stopped (a cancellation or deadline unwinds it, and its destructor waits, perhaps for
+/// a fiber of this very carrier), or another fiber already switched out while unwinding here,
+/// so that `panicking()` no longer tells whether this one unwinds. Only on a home carrier: the
+/// unwind then ends on the thread that counts it. Other fibers of the carrier see
+/// `thread::panicking()` while it waits; the alternative was a deadlock.
+#[cold]
+fn may_park_while_unwinding(rec: &FiberRecord) -> bool {
+    rec.home.load(Ordering::Relaxed) != super::NO_HOME
+        && (rec.stop.load(Ordering::Relaxed) != 0 || context::unwinds_parked() != 0)
 }
 
 /// How long a fiber being unwound by its runtime's drop waits for its borrowers on the thread
@@ -194,6 +267,8 @@ fn park_unwinding(rec: &FiberRecord, deadline: Option<Instant>) {
     }
 }
 
+/// `for chunk in work.chunks(1024) { crunch(chunk); vt::yield_now(); }`
+///
 /// Lets other fibers run: the calling fiber goes to the back of its carrier's run queue.
 /// On a plain thread this is `std::thread::yield_now`.
 pub fn yield_now() {
@@ -211,6 +286,9 @@ pub fn yield_now() {
     // SAFETY: as in `Me`: the record of the fiber running on this thread, live while it runs;
     // used before the switch only.
     let rec = unsafe { &*rec };
+    if rec.stop.load(Ordering::Relaxed) != 0 {
+        cancel::stop_point(rec);
+    }
     rec.spawns.set(0);
     rec.suspend(Suspend::Yield);
 }

@@ -17,6 +17,7 @@ use std::time::{Duration, Instant};
 use super::real::{self, set_errno};
 use super::table::{Parked, Table, Waited, Waiter};
 use super::{Gate, gate, parking};
+use crate::fiber::cancel::uncancellable;
 use crate::fiber::compact::Lent;
 use crate::fiber::context;
 use crate::fiber::handle::current;
@@ -120,8 +121,11 @@ unsafe fn futex(
                 Ok(d) => d,
                 Err(()) => return None, // an invalid timeout: EINVAL from the kernel
             };
+            // Uncancellable: a cancelled fiber is stopped by an unwind, which must not cross
+            // the C caller's frames, and std's lock waits cannot fail; the fiber is stopped at
+            // its next wait in Rust code once this one returns (`arch/hooks.md`).
             // SAFETY: the caller gave a 4-aligned, non-null futex word.
-            Some(unsafe { wait(uaddr, op, val, bitset, deadline, cancelling) })
+            Some(uncancellable(|| unsafe { wait(uaddr, op, val, bitset, deadline, cancelling) }))
         }
         _ => None,
     }

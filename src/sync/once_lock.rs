@@ -8,7 +8,6 @@
 
 use std::cell::UnsafeCell;
 use std::fmt;
-use std::mem::MaybeUninit;
 use std::sync::PoisonError;
 
 use super::loom::{self, Arc, AtomicU8, Ordering};
@@ -124,12 +123,17 @@ impl Drop for ResetOnUnwind<'_> {
     }
 }
 
+/// `static CONFIG: vt::sync::OnceLock<Config> = vt::sync::OnceLock::new(); let c = CONFIG.get_or_init(load);`
+///
 /// A cell written once; readers of an unfinished initialisation park their fiber.
 ///
 /// Same API as [`std::sync::OnceLock`].
 pub struct OnceLock<T> {
     core: OnceCore,
-    value: UnsafeCell<MaybeUninit<T>>,
+    /// An `Option`, not a `MaybeUninit` with a `Drop` impl of our own: with no `Drop` impl the
+    /// drop check lets a cell outlive what its value borrows, as std's (which says so with the
+    /// unstable `#[may_dangle]`) does: `cell.set(&local)` with `local` dropped first compiles.
+    value: UnsafeCell<Option<T>>,
 }
 
 // SAFETY: the value is written once, before COMPLETE is published, and only shared (`&T`)
@@ -147,7 +151,7 @@ impl<T> OnceLock<T> {
     loom::loom_const_fn! {
         /// Creates an empty cell.
         pub fn new() -> OnceLock<T> {
-            OnceLock { core: OnceCore::new(), value: UnsafeCell::new(MaybeUninit::uninit()) }
+            OnceLock { core: OnceCore::new(), value: UnsafeCell::new(None) }
         }
     }
 
@@ -156,7 +160,7 @@ impl<T> OnceLock<T> {
         if self.core.is_completed() {
             // SAFETY: COMPLETE is published only after the value is written, and it is never
             // written again while `&self` lives.
-            Some(unsafe { (*self.value.get()).assume_init_ref() })
+            unsafe { (*self.value.get()).as_ref() }
         } else {
             None
         }
@@ -164,12 +168,8 @@ impl<T> OnceLock<T> {
 
     /// The value, if initialised, through a unique borrow.
     pub fn get_mut(&mut self) -> Option<&mut T> {
-        if self.core.state.load(Ordering::Relaxed) == COMPLETE {
-            // SAFETY: COMPLETE means the value is written; `&mut self` is the only access.
-            Some(unsafe { self.value.get_mut().assume_init_mut() })
-        } else {
-            None
-        }
+        // `&mut self` is the only access; the value is `Some` exactly when COMPLETE.
+        self.value.get_mut().as_mut()
     }
 
     /// Initialises the cell with `value`; `Err(value)` if it already held one.
@@ -205,12 +205,8 @@ impl<T> OnceLock<T> {
         // Relaxed: `&mut self` proves no other access, and its creation ordered the rest.
         if self.core.state.load(Ordering::Relaxed) == COMPLETE {
             self.core.state.store(INCOMPLETE, Ordering::Relaxed);
-            // SAFETY: the value was written and the state now says it is gone, so it is read
-            // exactly once.
-            Some(unsafe { self.value.get_mut().assume_init_read() })
-        } else {
-            None
         }
+        self.value.get_mut().take()
     }
 
     /// Consumes the cell, returning its value if initialised.
@@ -222,15 +218,10 @@ impl<T> OnceLock<T> {
         // An initialiser's panic leaves the cell INCOMPLETE: never poisoned, so never `Err`.
         let _ = self.core.call(false, INCOMPLETE, |_| {
             let value = f();
-            // SAFETY: RUNNING gives this caller the only access to the value slot.
-            unsafe { (*self.value.get()).write(value) };
+            // SAFETY: RUNNING gives this caller the only access to the value slot (empty: the
+            // state was INCOMPLETE).
+            unsafe { *self.value.get() = Some(value) };
         });
-    }
-}
-
-impl<T> Drop for OnceLock<T> {
-    fn drop(&mut self) {
-        drop(self.take());
     }
 }
 

@@ -1,0 +1,525 @@
+//! Stopping fibers: a stop request on the record, acted on at the fiber's switch points by
+//! unwinding with a payload. `CancelHandle::cancel` asks the whole fiber to stop (`Cancelled`);
+//! `vt::timeout`/`vt::deadline` open a scope on the fiber's stack whose end passing stops the
+//! closure and only it (`Elapsed`); `vt::uncancellable` defers both. Level-triggered: the
+//! request stays, so every later switch point in the stopped scope unwinds again.
+//!
+//! The cost off the stop path is one byte (`FiberRecord::stop`) loaded at each park and yield;
+//! everything else is here, behind `stop != 0`. A fiber never starts an unwind while it is
+//! already unwinding (a second panic in a destructor would abort), and the runtime's own waits
+//! that must outlive a frame (`scope`, `join`, `blocking`) wait before the unwind, not during
+//! it. Design, and what a wait during a cancellation unwind does: `arch/decisions/0004-cancellation.md`.
+
+use std::fmt;
+use std::panic::{AssertUnwindSafe, Location, catch_unwind, resume_unwind};
+use std::ptr;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+use super::context;
+use super::handle::Fiber;
+use super::{DONE, FiberRecord};
+
+/// `FiberRecord::stop`: the whole fiber was asked to stop.
+pub(crate) const CANCEL: u8 = 1;
+/// `FiberRecord::stop`: at least one `timeout` scope is open on the fiber's stack.
+pub(crate) const DEADLINE: u8 = 2;
+
+/// The unwind payload of a fiber stopped by [`JoinHandle::cancel`](crate::JoinHandle::cancel) or
+/// a [`CancelHandle`]: `join` returns `Err` holding it.
+///
+/// ```
+/// use virtual_threads as vt;
+/// let h = vt::spawn(|| loop { vt::sleep(std::time::Duration::from_millis(1)) });
+/// h.cancel();
+/// let payload = h.join().unwrap_err();
+/// assert!(payload.downcast_ref::<vt::Cancelled>().is_some());
+/// ```
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct Cancelled;
+
+impl fmt::Display for Cancelled {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("fiber cancelled")
+    }
+}
+
+impl std::error::Error for Cancelled {}
+
+/// The error of [`timeout`] and [`deadline`]: the closure was stopped at its deadline.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct Elapsed;
+
+impl fmt::Display for Elapsed {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("deadline has elapsed")
+    }
+}
+
+impl std::error::Error for Elapsed {}
+
+impl From<Elapsed> for std::io::Error {
+    fn from(_: Elapsed) -> std::io::Error {
+        std::io::Error::new(std::io::ErrorKind::TimedOut, Elapsed)
+    }
+}
+
+/// The unwind payload of a deadline: the address of the scope that fired, which alone catches
+/// it (Trio's marker), so an outer deadline passes through inner `timeout`s.
+struct DeadlineUnwind(usize);
+
+/// One open `timeout`, in its caller's frame, linked to the next one out.
+pub(crate) struct DeadlineScope {
+    at: Instant,
+    /// Depth of `uncancellable` sections when it opened: a section opened inside it defers it.
+    shield: u32,
+    outer: *const DeadlineScope,
+}
+
+/// What a switch point must do.
+enum Stop {
+    Cancel,
+    Deadline(*const DeadlineScope),
+}
+
+/// The stop request a switch point acts on now, if any: a whole-fiber cancellation outside any
+/// `uncancellable` section, else the outermost elapsed deadline not deferred by a section
+/// opened inside it.
+fn pending(stop: u8, shield: u32, mut scope: *const DeadlineScope) -> Option<Stop> {
+    if stop & CANCEL != 0 && shield == 0 {
+        return Some(Stop::Cancel);
+    }
+    if stop & DEADLINE == 0 || scope.is_null() {
+        return None;
+    }
+    let now = Instant::now();
+    let mut fired = None;
+    while !scope.is_null() {
+        // SAFETY: the list holds the scopes of `deadline` calls still running on this stack
+        // (each pops itself before its frame ends), read only by the fiber or thread that owns
+        // that stack.
+        let s = unsafe { &*scope };
+        if s.shield == shield && now >= s.at {
+            fired = Some(Stop::Deadline(scope));
+        }
+        scope = s.outer;
+    }
+    fired
+}
+
+/// Unwinds with the stop's payload. Without unwinding (`panic = "abort"`) there is nothing to
+/// do: the stop stays visible to `is_cancelled` (`arch/guide.md`).
+fn raise(stop: Stop) {
+    if cfg!(panic = "abort") {
+        return;
+    }
+    match stop {
+        Stop::Cancel => resume_unwind(Box::new(Cancelled)),
+        Stop::Deadline(s) => resume_unwind(Box::new(DeadlineUnwind(s.addr()))),
+    }
+}
+
+/// A switch point of a fiber whose `stop` byte is not zero: unwinds if a stop is due. Never
+/// while the fiber unwinds already (a panic in a destructor during unwinding aborts).
+#[cold]
+#[inline(never)]
+pub(crate) fn stop_point(rec: &FiberRecord) {
+    // Not during an unwind, nor while the runtime's drop unwinds this fiber (its waits are
+    // spurious wake-ups then, `park::park_fiber`).
+    if std::thread::panicking() || !context::cancelling().is_null() {
+        return;
+    }
+    if let Some(stop) = pending(
+        rec.stop.load(Ordering::Acquire),
+        rec.shield.load(Ordering::Relaxed).into(),
+        rec.deadlines.get(),
+    ) {
+        raise(stop);
+    }
+}
+
+/// A park of a fiber whose `stop` byte is not zero, before it parks: unwinds if a stop is due,
+/// else returns when the park must wake: at `deadline`, or earlier at the end of a `timeout`
+/// scope that may stop the fiber.
+#[cold]
+#[inline(never)]
+pub(crate) fn stop_point_before_park(rec: &FiberRecord, deadline: Option<Instant>) -> Option<Instant> {
+    stop_point(rec);
+    if rec.stop.load(Ordering::Relaxed) & DEADLINE == 0 || !context::cancelling().is_null() {
+        return deadline;
+    }
+    earliest(rec.shield.load(Ordering::Relaxed).into(), rec.deadlines.get(), deadline)
+}
+
+fn earliest(shield: u32, mut scope: *const DeadlineScope, mut deadline: Option<Instant>) -> Option<Instant> {
+    if std::thread::panicking() {
+        return deadline;
+    }
+    while !scope.is_null() {
+        // SAFETY: as in `pending`.
+        let s = unsafe { &*scope };
+        if s.shield == shield {
+            deadline = Some(deadline.map_or(s.at, |d| d.min(s.at)));
+        }
+        scope = s.outer;
+    }
+    deadline
+}
+
+/// Whether the fiber has been asked to stop (its whole self, or a deadline it runs under), with
+/// the fiber's pending request just as its next switch point would see it; `false` inside an
+/// [`uncancellable`] section, which defers it. For loops that never wait (Go's `ctx.Err()`).
+pub fn is_cancelled() -> bool {
+    with_state(|stop, shield, scopes| pending(stop, shield, scopes).is_some())
+}
+
+/// Stops the calling fiber here if it has been asked to stop ([`is_cancelled`]): unwinds with
+/// [`Cancelled`], or back to the `timeout` whose deadline passed. A switch point for loops that
+/// never wait. Does nothing while the fiber is already unwinding.
+pub fn check_cancelled() {
+    if std::thread::panicking() {
+        return;
+    }
+    if let Some(stop) = with_state(pending) {
+        raise(stop);
+    }
+}
+
+/// Reads the stop state of the calling fiber, or of this plain thread (deadlines only).
+fn with_state<R>(f: impl FnOnce(u8, u32, *const DeadlineScope) -> R) -> R {
+    let rec = context::current_fiber();
+    if rec.is_null() {
+        let p = context::plain_stop();
+        let stop = if p.deadlines.is_null() { 0 } else { DEADLINE };
+        return f(stop, p.shield, p.deadlines);
+    }
+    // SAFETY: the running fiber's record outlives its run; used before any switch point.
+    let rec = unsafe { &*rec };
+    f(rec.stop.load(Ordering::Acquire), rec.shield.load(Ordering::Relaxed).into(), rec.deadlines.get())
+}
+
+/// Runs `f` with a deadline `dur` from now. If `f` is still running when it passes, `f` is
+/// stopped at its next wait (any park, sleep, lock, channel operation, socket call, join or
+/// `yield_now`, or [`check_cancelled`]), unwound back to this call, and `Err(Elapsed)` is
+/// returned; the rest of the fiber goes on. Deadlines nest: an inner one stops only its own
+/// closure, an outer one passes through the inner ones, and a cancellation of the whole fiber
+/// ([`Cancelled`]) is never turned into `Elapsed`.
+///
+/// On a plain thread the same holds for this crate's waits (`vt::sync`, channels, `join`,
+/// `vt::sleep`, `vt::park`): std's own blocking calls do not see the deadline.
+///
+/// ```
+/// use virtual_threads as vt;
+/// use std::time::Duration;
+/// let (_tx, rx) = vt::channel::unbounded::<u32>();
+/// let r = vt::timeout(Duration::from_millis(10), || rx.recv());
+/// assert_eq!(r, Err(vt::Elapsed));
+/// ```
+pub fn timeout<F, T>(dur: Duration, f: F) -> Result<T, Elapsed>
+where
+    F: FnOnce() -> T,
+{
+    match Instant::now().checked_add(dur) {
+        Some(at) => deadline(at, f),
+        None => Ok(f()),
+    }
+}
+
+/// [`timeout`] with an absolute deadline.
+pub fn deadline<F, T>(at: Instant, f: F) -> Result<T, Elapsed>
+where
+    F: FnOnce() -> T,
+{
+    let rec = context::current_fiber();
+    let result = if rec.is_null() {
+        let p = context::plain_stop();
+        let scope = DeadlineScope { at, shield: p.shield, outer: p.deadlines };
+        context::set_plain_deadlines(&scope);
+        struct Pop(*const DeadlineScope);
+        impl Drop for Pop {
+            fn drop(&mut self) {
+                context::set_plain_deadlines(self.0);
+            }
+        }
+        let _pop = Pop(scope.outer);
+        (catch_unwind(AssertUnwindSafe(f)), ptr::from_ref(&scope).addr())
+    } else {
+        // SAFETY: the running fiber's record outlives its run, and its address is stable, so
+        // it may be kept across the switch points in `f` (its carrier is not).
+        let rec = unsafe { &*rec };
+        let scope = DeadlineScope {
+            at,
+            shield: rec.shield.load(Ordering::Relaxed).into(),
+            outer: rec.deadlines.get(),
+        };
+        rec.deadlines.set(&scope);
+        rec.stop.fetch_or(DEADLINE, Ordering::Relaxed);
+        struct Pop<'a>(&'a FiberRecord, *const DeadlineScope);
+        impl Drop for Pop<'_> {
+            fn drop(&mut self) {
+                self.0.deadlines.set(self.1);
+                if self.1.is_null() {
+                    self.0.stop.fetch_and(!DEADLINE, Ordering::Relaxed);
+                }
+            }
+        }
+        let _pop = Pop(rec, scope.outer);
+        (catch_unwind(AssertUnwindSafe(f)), ptr::from_ref(&scope).addr())
+    };
+    match result {
+        (Ok(v), _) => Ok(v),
+        (Err(p), me) if p.downcast_ref::<DeadlineUnwind>().is_some_and(|d| d.0 == me) => Err(Elapsed),
+        (Err(p), _) => resume_unwind(p),
+    }
+}
+
+/// Runs `f` so that nothing stops it: a cancellation of this fiber, or a deadline of an
+/// enclosing [`timeout`], waits until `f` returns, and then stops the fiber at its next switch
+/// point. For cleanup and commit steps that must finish (ZIO's `uninterruptible`, Trio's
+/// shield). A `timeout` opened inside `f` still works. Dumps show the fiber held here.
+#[track_caller]
+pub fn uncancellable<F, T>(f: F) -> T
+where
+    F: FnOnce() -> T,
+{
+    let at = Location::caller();
+    let rec = context::current_fiber();
+    if rec.is_null() {
+        let depth = context::plain_stop().shield;
+        context::set_plain_shield(depth + 1);
+        struct Exit(u32);
+        impl Drop for Exit {
+            fn drop(&mut self) {
+                context::set_plain_shield(self.0);
+            }
+        }
+        let _exit = Exit(depth);
+        return f();
+    }
+    // SAFETY: as in `deadline`.
+    let rec = unsafe { &*rec };
+    let depth = rec.shield.load(Ordering::Relaxed);
+    if depth == 0 {
+        rec.shield_at.store(ptr::from_ref(at).cast_mut(), Ordering::Relaxed);
+    }
+    rec.shield
+        .store(depth.checked_add(1).expect("uncancellable sections nested 65,535 deep"), Ordering::Relaxed);
+    struct Exit<'a>(&'a FiberRecord, u16);
+    impl Drop for Exit<'_> {
+        fn drop(&mut self) {
+            self.0.shield.store(self.1, Ordering::Relaxed);
+            if self.1 == 0 {
+                self.0.shield_at.store(ptr::null_mut(), Ordering::Relaxed);
+            }
+        }
+    }
+    let _exit = Exit(rec, depth);
+    f()
+}
+
+/// Runs `f` as a wait that a stop request must not interrupt (the runtime's waits for work that
+/// borrows the frame: a scope's fibers, a `join`'s other half, a `blocking` closure), so that
+/// it never has to wait during an unwind.
+pub(crate) fn shielded<T>(f: impl FnOnce() -> T) -> T {
+    let rec = context::current_fiber();
+    if rec.is_null() {
+        let depth = context::plain_stop().shield;
+        context::set_plain_shield(depth + 1);
+        struct Exit(u32);
+        impl Drop for Exit {
+            fn drop(&mut self) {
+                context::set_plain_shield(self.0);
+            }
+        }
+        let _exit = Exit(depth);
+        return f();
+    }
+    // SAFETY: as in `deadline`.
+    let rec = unsafe { &*rec };
+    let depth = rec.shield.load(Ordering::Relaxed);
+    rec.shield
+        .store(depth.checked_add(1).expect("uncancellable sections nested 65,535 deep"), Ordering::Relaxed);
+    struct Exit<'a>(&'a FiberRecord, u16);
+    impl Drop for Exit<'_> {
+        fn drop(&mut self) {
+            self.0.shield.store(self.1, Ordering::Relaxed);
+        }
+    }
+    let _exit = Exit(rec, depth);
+    f()
+}
+
+/// Parks (for `reason`) until `done()`, shielded: a stop request that the caller would act on
+/// (its cancellation, or the deadline of a `timeout` around it) calls `on_stop` once (the
+/// caller stops what it waits for) and the wait goes on; the caller acts on the stop after it.
+/// The park wakes at such a deadline by itself.
+pub(crate) fn wait_shielded(
+    reason: super::wait::WaitReason,
+    mut done: impl FnMut() -> bool,
+    mut on_stop: impl FnMut(),
+) {
+    let mut stopped = false;
+    while !done() {
+        let wake_at = if stopped {
+            None
+        } else {
+            let (now, at) = with_state(|stop, shield, scopes| {
+                let at = if stop & DEADLINE != 0 { earliest(shield, scopes, None) } else { None };
+                (pending(stop, shield, scopes).is_some(), at)
+            });
+            if now {
+                stopped = true;
+                on_stop();
+                continue;
+            }
+            at
+        };
+        shielded(|| super::park::park_for(reason, wake_at));
+    }
+}
+
+/// Whether the calling fiber has been asked to stop as a whole (deferred or not).
+pub(crate) fn whole_fiber_cancelled() -> bool {
+    let rec = context::current_fiber();
+    // SAFETY: as in `with_state`.
+    !rec.is_null() && unsafe { &*rec }.stop.load(Ordering::Acquire) & CANCEL != 0
+}
+
+/// Whether `payload` is a cancellation's (a whole fiber's [`Cancelled`]).
+pub(crate) fn is_cancel_payload(payload: &(dyn std::any::Any + Send)) -> bool {
+    payload.is::<Cancelled>()
+}
+
+/// A handle that stops one fiber without owning its join, like tokio's `AbortHandle`: from
+/// [`JoinHandle::cancel_handle`](crate::JoinHandle::cancel_handle). Cheap to clone;
+/// `Send + Sync`.
+#[derive(Clone)]
+pub struct CancelHandle {
+    fiber: Fiber,
+}
+
+impl CancelHandle {
+    pub(crate) fn new(fiber: Fiber) -> CancelHandle {
+        CancelHandle { fiber }
+    }
+
+    /// Asks the fiber to stop: it unwinds with [`Cancelled`] at its current wait, or at its
+    /// next switch point; a fiber that has not started never runs. Does nothing to a finished
+    /// fiber. Returns at once (it does not wait for the fiber to stop).
+    pub fn cancel(&self) {
+        cancel(&self.fiber);
+    }
+
+    /// Whether the fiber has finished (returned, panicked or stopped).
+    pub fn is_finished(&self) -> bool {
+        self.fiber.record().is_none_or(|r| super::join::has_finished(r))
+    }
+
+    /// The fiber's handle.
+    pub fn fiber(&self) -> &Fiber {
+        &self.fiber
+    }
+}
+
+impl fmt::Debug for CancelHandle {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("CancelHandle").field("fiber", &self.fiber).finish()
+    }
+}
+
+/// Sets the fiber's `CANCEL` request and wakes it from its park (a spurious wake-up for a wait
+/// that defers it: the waiter loops and parks again).
+pub(crate) fn cancel(fiber: &Fiber) {
+    let Some(rec) = fiber.record() else { return };
+    if rec.state() == DONE {
+        return;
+    }
+    // Release pairs with the Acquire loads at the switch points: whatever the canceller wrote
+    // before is visible to the unwind. The unpark's own ordering carries it too when the fiber
+    // was parked.
+    if rec.stop.fetch_or(CANCEL, Ordering::Release) & CANCEL == 0 {
+        let now = now_ms();
+        rec.cancelled_at.store(now, Ordering::Relaxed);
+        LAST_CANCEL_MS.store(now, Ordering::Relaxed);
+    }
+    fiber.unpark();
+}
+
+/// When any fiber was last asked to stop (`now_ms`): the supervisor looks for slow stops only
+/// for a while after one (`slow_stops_due`).
+static LAST_CANCEL_MS: AtomicU32 = AtomicU32::new(0);
+
+/// How long a stopped fiber may take before it is reported (`slow_stop`).
+pub(crate) const SLOW_STOP_MS: u32 = 1_000;
+
+/// Whether the supervisor should look for slow stops now: a stop was asked for within the last
+/// two report periods, or the last look found one still pending (`pending`).
+pub(crate) fn slow_stops_due(pending: bool) -> bool {
+    let last = LAST_CANCEL_MS.load(Ordering::Relaxed);
+    pending || (last != 0 && now_ms().wrapping_sub(last) <= 2 * SLOW_STOP_MS)
+}
+
+/// The supervisor's look at one live fiber: `Some(ms)` once, the first time it is found asked to
+/// stop `ms` ago (at least `SLOW_STOP_MS`) and still running: a loop that never reaches a
+/// switch point, or an `uncancellable` section that does not end. `pending` is set if it is
+/// asked to stop and not yet reported (so the next look happens).
+pub(crate) fn slow_stop(rec: &FiberRecord, pending: &mut bool) -> Option<u32> {
+    if rec.stop.load(Ordering::Relaxed) & CANCEL == 0 || rec.state() == DONE {
+        return None;
+    }
+    let at = rec.cancelled_at.load(Ordering::Relaxed);
+    if at == REPORTED {
+        return None;
+    }
+    let ago = now_ms().wrapping_sub(at);
+    if ago < SLOW_STOP_MS {
+        *pending = true;
+        return None;
+    }
+    // Once: a racing look (there is one supervisor per runtime, and a record belongs to one)
+    // cannot report it twice.
+    rec.cancelled_at.compare_exchange(at, REPORTED, Ordering::Relaxed, Ordering::Relaxed).ok().map(|_| ago)
+}
+
+/// `FiberRecord::cancelled_at` once its slow stop was reported.
+const REPORTED: u32 = u32::MAX;
+
+/// Milliseconds since the first call in the process (at least 1, below `u32::MAX`): when a
+/// fiber was asked to stop, for the slow-stop report. Wraps after 49 days; the report compares
+/// with wrapping arithmetic.
+pub(crate) fn now_ms() -> u32 {
+    static EPOCH: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+    let ms = EPOCH.get_or_init(Instant::now).elapsed().as_millis() as u32;
+    ms.clamp(1, u32::MAX - 1)
+}
+
+/// A plain thread's stop state: deadlines and sections only (a plain thread is never cancelled
+/// as a whole).
+#[derive(Clone, Copy)]
+pub(crate) struct PlainStop {
+    pub(crate) deadlines: *const DeadlineScope,
+    pub(crate) shield: u32,
+}
+
+impl PlainStop {
+    pub(crate) const NONE: PlainStop = PlainStop { deadlines: ptr::null(), shield: 0 };
+}
+
+/// A plain thread's park inside `vt::timeout`: the deadline it must wake at.
+#[cold]
+pub(crate) fn plain_park_deadline(deadline: Option<Instant>) -> Option<Instant> {
+    let p = context::plain_stop();
+    earliest(p.shield, p.deadlines, deadline)
+}
+
+/// A plain thread's wait inside `vt::timeout`, after its park: unwinds if the deadline passed.
+#[cold]
+pub(crate) fn plain_stop_point() {
+    if std::thread::panicking() {
+        return;
+    }
+    let p = context::plain_stop();
+    if let Some(stop) = pending(DEADLINE, p.shield, p.deadlines) {
+        raise(stop);
+    }
+}
