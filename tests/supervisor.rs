@@ -590,14 +590,18 @@ fn more_blocking_calls_than_helpers_in_one_barrier_all_return() {
 fn a_runaway_compensation_is_reported_once_with_its_spawn_sites() {
     if std::env::var(CHILD).as_deref() == Ok("runaway") {
         let rt = vt::Runtime::builder().carriers(1).build().unwrap();
-        // Twenty fibers asleep in the kernel at once need twenty carriers.
-        let barrier = Arc::new(std::sync::Barrier::new(20));
+        // Twenty fibers asleep in the kernel at once need twenty carriers (a raw sleep, which
+        // the `hooks` feature does not turn into a park).
+        let arrived = Arc::new(AtomicUsize::new(0));
         let hs: Vec<_> = (0..20)
             .map(|_| {
-                let b = barrier.clone();
+                let a = arrived.clone();
                 rt.spawn(move || {
-                    b.wait();
-                    std::thread::sleep(Duration::from_millis(300));
+                    a.fetch_add(1, Ordering::SeqCst);
+                    while a.load(Ordering::SeqCst) < 20 {
+                        block_carrier(Duration::from_millis(1));
+                    }
+                    block_carrier(Duration::from_millis(300));
                 })
             })
             .collect();
