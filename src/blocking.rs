@@ -31,7 +31,8 @@ use crate::fiber::handle::Fiber;
 use crate::fiber::park::{WaitOnUnwind, park_for};
 use crate::fiber::wait::WaitReason;
 
-/// Most helper threads at once; beyond, calls queue for a free one. Java bounds its carrier
+/// Most helper threads at once; beyond, a call blocks its own carrier (compensated), since
+/// calls queued for a free helper may be what the busy ones wait for. Java bounds its carrier
 /// compensation at 256 for the same reason: blocking pools that grew without bound.
 const MAX_HELPERS: usize = 256;
 /// A helper with nothing to do for this long exits.
@@ -86,8 +87,11 @@ unsafe fn run_call<F: FnOnce() -> T, T>(data: *const ()) {
 }
 
 /// Queues `task` for a helper, starting one if none is idle. Errs (with the task taken back)
-/// only when no helper exists and none can be started.
-fn submit(task: Task) -> std::io::Result<()> {
+/// when every helper up to `MAX_HELPERS` is busy, or none exists and none can be started: the
+/// caller then runs it on its own carrier, compensated. Queued behind busy helpers, calls that
+/// wait for one another never ran: 300 fibers in `vt::blocking(|| barrier.wait())` on a
+/// barrier of 300 waited for ever, silently, with 256 helpers in the barrier.
+fn submit(task: Task) -> Result<(), ()> {
     let mut p = POOL.lock().unwrap_or_else(|e| e.into_inner());
     let forks = crate::platform::forks();
     if p.forks != forks {
@@ -101,18 +105,19 @@ fn submit(task: Task) -> std::io::Result<()> {
         return Ok(());
     }
     if p.threads >= MAX_HELPERS {
-        return Ok(()); // queued for the next free helper
+        p.queue.retain(|t| t.data != data);
+        return Err(());
     }
     p.threads += 1;
     drop(p);
     let started = std::thread::Builder::new().name("vt-blocking".into()).spawn(helper);
-    if let Err(e) = started {
+    if started.is_err() {
         let mut p = POOL.lock().unwrap_or_else(|e| e.into_inner());
         p.threads -= 1;
         if p.threads == 0 {
             // Nobody would run it.
             p.queue.retain(|t| t.data != data);
-            return Err(e);
+            return Err(());
         }
     }
     Ok(())
@@ -142,14 +147,17 @@ fn helper() {
     }
 }
 
+/// `let text = vt::blocking(|| legacy_client.fetch(&key))?;`
+///
 /// Runs `f`, a call that blocks its OS thread (a blocking syscall, a foreign library, a
 /// `std::sync::Mutex` held elsewhere, `std::thread::sleep`), without blocking the caller's
 /// carrier: called from a fiber, `f` runs on a helper thread while the fiber parks, so the other
 /// fibers of its carrier keep running. `f` may borrow from the caller. A panic in `f` resumes
 /// in the caller. From a plain thread it just runs `f`.
 ///
-/// Helper threads come from a process-wide pool: started on demand (at most 256 at once;
-/// further calls wait for a free one) and ended after 10 s without work.
+/// Helper threads come from a process-wide pool: started on demand and ended after 10 s without
+/// work. At most 256 run at once; a call beyond that blocks its own carrier, for which the
+/// runtime compensates with another (within `max_carriers`).
 #[track_caller]
 pub fn blocking<F, T>(f: F) -> T
 where
@@ -168,8 +176,9 @@ where
         waiter: crate::fiber::handle::current(),
     };
     if submit(Task { run: run_call::<F, T>, data: (&raw const call).cast() }).is_err() {
-        // No helper thread could be started (out of threads): block this carrier instead, as a
-        // known-blocking fiber does, compensated at once.
+        // Every helper is busy, or none could be started (out of threads): block this carrier
+        // instead, as a known-blocking fiber does, compensated at once (within `max_carriers`;
+        // past it the supervisor says so: `arch/supervisor.md`, "The bound full").
         // SAFETY: the task was taken back: nobody else touches `call`.
         let f = unsafe { (*call.f.get()).take() }.expect("not run");
         return crate::scope::blocking_here(Location::caller(), f);

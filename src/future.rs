@@ -29,6 +29,8 @@ use crate::fiber::join::JoinHandle;
 use crate::fiber::park::park_for;
 use crate::fiber::wait::WaitReason;
 
+/// `let body = vt::future::block_on(tokio_handle.spawn(fetch(url))).unwrap();`
+///
 /// Runs `fut` to completion on the calling fiber and returns its output.
 ///
 /// Called from a fiber, this parks the fiber until the future's waker is woken, so its

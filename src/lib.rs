@@ -15,6 +15,8 @@
 //! | serve or call over the network | [`net`]: [`TcpListener`](net::TcpListener), [`TcpStream`](net::TcpStream), [`UdpSocket`](net::UdpSocket) |
 //! | read and write files | [`fs`] |
 //! | call a library that blocks its thread | [`blocking`] |
+//! | stop a fiber, or code past a deadline | [`JoinHandle::cancel`], [`CancelHandle`], [`timeout`], [`uncancellable`] |
+//! | run many fibers and stop the rest together | [`JoinSet`] (completion order), [`TaskScope`] (first error or success), [`Scope::cancel`] |
 //! | replace a thread pool | [`ThreadPool`], [`ThreadPoolBuilder`] |
 //! | keep per-fiber state | [`fiber_local!`] |
 //! | wait for a future, or await a fiber | [`future::block_on`]; [`JoinHandle`] is `IntoFuture` |

@@ -39,6 +39,8 @@ pub struct ScopedJoinHandle<'scope, T> {
     _scope: PhantomData<&'scope ()>,
 }
 
+/// `vt::scope(|s| { s.spawn(|| left.sort()); s.spawn(|| right.sort()); });`
+///
 /// Creates a scope for spawning fibers that borrow from the caller's stack, like
 /// `std::thread::scope`. Every fiber spawned in it is joined before `scope` returns.
 ///
@@ -213,6 +215,8 @@ impl<T> fmt::Debug for ScopedJoinHandle<'_, T> {
     }
 }
 
+/// `let (a, b) = vt::join(|| sum(&left), || sum(&right));`
+///
 /// Runs `a` and `b` potentially in parallel and returns both results, like `rayon::join`:
 /// `b` becomes a fiber other carriers can steal while the caller runs `a` itself.
 ///
@@ -254,6 +258,8 @@ where
     }
 }
 
+/// `let n = vt::pinned(|| LOCAL.with(|l| l.borrow().len()));`
+///
 /// Runs `f` with the calling fiber pinned to its current carrier: it may park and yield, but
 /// resumes only there, so `!Send` values and thread-local references may be held across switch
 /// points inside `f`. On a plain thread it just runs `f`.

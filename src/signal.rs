@@ -79,6 +79,8 @@ fn state() -> std::sync::MutexGuard<'static, State> {
     STATE.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
+/// `let mut stop = Signals::new(&[Signal::INT, Signal::TERM])?; let sig = stop.wait();`
+///
 /// Signals to wait for, counted from the moment this value was made: a signal that arrives
 /// before [`Signals::wait`] is called is not lost, and each `wait` returns one that arrived
 /// since the previous one (deliveries of the same signal in between may merge, as the kernel
@@ -147,6 +149,8 @@ pub fn wait_for(signals: &[Signal]) -> io::Result<Signal> {
     Ok(Signals::new(signals)?.wait())
 }
 
+/// `vt::signal::ctrl_c()?; // parks until Ctrl-C`
+///
 /// Waits for Ctrl-C (SIGINT); see [`wait_for`].
 pub fn ctrl_c() -> io::Result<()> {
     wait_for(&[Signal::INT]).map(drop)

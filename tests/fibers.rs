@@ -67,8 +67,10 @@ fn nested_spawns_spread_over_carriers_and_return_their_values() {
     }
     let t = threads.clone();
     assert_eq!(rt.block_on(move || tree(12, t)), 4096);
-    // Both carriers ran fibers (the tree is wide enough for the idle one to steal).
-    assert_eq!(threads.lock().unwrap().len(), 2);
+    // Both carriers ran fibers (the tree is wide enough for the idle one to steal). More may
+    // have: on a loaded machine the carriers can spend most of their time asleep on the
+    // `threads` lock above (its holder descheduled), which the supervisor compensates.
+    assert!(threads.lock().unwrap().len() >= 2, "{}", rt.metrics());
 }
 
 /// A finished child wakes its joiner behind the run queue, not into the LIFO slot: a parent that

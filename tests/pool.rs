@@ -575,3 +575,41 @@ fn recursive_fork_join_on_one_and_two_carriers() {
     quicksort(&mut data);
     assert_eq!(data, sorted);
 }
+
+/// Runs `join` on a plain thread; the receiver hears when it returned.
+fn join_on_a_thread(pool: &vt::ThreadPool) -> std::sync::mpsc::Receiver<()> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    let pool = pool.clone();
+    std::thread::spawn(move || {
+        pool.join();
+        let _ = tx.send(());
+    });
+    rx
+}
+
+/// A pool's runtime dropped with jobs pending: they will never finish, and `join` returns
+/// instead of waiting for ever, whether it was waiting when the runtime went or came after.
+#[test]
+fn join_returns_once_the_pools_runtime_is_dropped() {
+    for join_first in [true, false] {
+        let rt = runtime(2);
+        let pool = vt::ThreadPoolBuilder::new().num_threads(2).handle(rt.handle()).build();
+        let started = Latch::new(2);
+        for _ in 0..8 {
+            let started = started.clone();
+            // Two run (and park for ever), six wait in the queue for a slot.
+            pool.execute(move || {
+                started.count_up();
+                vt::sleep(Duration::from_secs(3600));
+            });
+        }
+        started.wait();
+        let waiting = join_first.then(|| join_on_a_thread(&pool));
+        drop(rt);
+        let joined = waiting.unwrap_or_else(|| join_on_a_thread(&pool));
+        assert!(
+            joined.recv_timeout(Duration::from_secs(20)).is_ok(),
+            "join returned (join first: {join_first})"
+        );
+    }
+}

@@ -537,3 +537,62 @@ fn a_runtime_with_a_million_carrier_bound_builds_at_once_and_grows_on_demand() {
     assert!(m.carriers_peak >= 100, "{m}");
     drop(rt);
 }
+
+/// Calls beyond the 256 helper threads run on their own carriers, compensated, rather than
+/// queue for a helper that is waiting for them: 300 blocking calls in one barrier of 300 hung.
+#[test]
+fn more_blocking_calls_than_helpers_in_one_barrier_all_return() {
+    let rt = vt::Runtime::builder().carriers(2).build().unwrap();
+    let barrier = Arc::new(std::sync::Barrier::new(300));
+    let (tx, rx) = mpsc::channel();
+    let hs: Vec<_> = (0..300)
+        .map(|_| {
+            let (b, tx) = (barrier.clone(), tx.clone());
+            rt.spawn(move || {
+                vt::blocking(|| b.wait());
+                tx.send(()).unwrap();
+            })
+        })
+        .collect();
+    for i in 0..300 {
+        assert!(
+            rx.recv_timeout(Duration::from_secs(30)).is_ok(),
+            "{i} of 300 calls returned\n{}",
+            rt.metrics()
+        );
+    }
+    hs.into_iter().for_each(|h| h.join().unwrap());
+}
+
+/// Compensation past 4x the target carriers is said once, with the sites responsible.
+#[test]
+fn a_runaway_compensation_is_reported_once_with_its_spawn_sites() {
+    if std::env::var(CHILD).as_deref() == Ok("runaway") {
+        let rt = vt::Runtime::builder().carriers(1).build().unwrap();
+        // Twenty fibers asleep in the kernel at once need twenty carriers.
+        let barrier = Arc::new(std::sync::Barrier::new(20));
+        let hs: Vec<_> = (0..20)
+            .map(|_| {
+                let b = barrier.clone();
+                rt.spawn(move || {
+                    b.wait();
+                    std::thread::sleep(Duration::from_millis(300));
+                })
+            })
+            .collect();
+        hs.into_iter().for_each(|h| h.join().unwrap());
+        println!("child: ok");
+        return;
+    }
+    let out = Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "a_runaway_compensation_is_reported_once_with_its_spawn_sites", "--nocapture"])
+        .env(CHILD, "runaway")
+        .output()
+        .unwrap();
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success() && stdout.contains("child: ok"), "stdout: {stdout}\nstderr: {stderr}");
+    assert_eq!(stderr.matches("carriers run for a target of 1").count(), 1, "once: {stderr}");
+    let line = stderr.lines().find(|l| l.contains("carriers run for a target")).unwrap();
+    assert!(line.contains("tests/supervisor.rs"), "names the spawn site: {line}");
+    assert!(line.contains("vt::blocking"), "says the fix: {line}");
+}

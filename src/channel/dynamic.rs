@@ -13,6 +13,8 @@ use super::error::{ReadyTimeoutError, SelectTimeoutError, TryReadyError, TrySele
 use super::select::{self, ArmList, ArmOps, Deadline, NeverArm, RecvArm, WatchArm};
 use super::{Receiver, RecvError, SendError, Sender};
 
+/// `let mut sel = vt::channel::Select::new(); let i = sel.recv(&rx1); let op = sel.select();`
+///
 /// Waits on a set of channel operations chosen at run time; a random one among the ready ones
 /// is selected (in order with [`Select::new_biased`]).
 ///

@@ -66,6 +66,8 @@ pub use error::{
     TryReadyError, TryRecvError, TrySelectError, TrySendError,
 };
 
+/// `let (tx, rx) = vt::channel::bounded::<u64>(16);`
+///
 /// Creates a channel that holds at most `cap` messages; `bounded(0)` is a rendezvous, where a
 /// send completes only when a receiver takes the message.
 ///
@@ -83,12 +85,16 @@ pub fn bounded<T>(cap: usize) -> (Sender<T>, Receiver<T>) {
     (Sender { chan: chan.clone() }, Receiver { chan })
 }
 
+/// `let (tx, rx) = vt::channel::unbounded::<String>();`
+///
 /// Creates a channel of unlimited capacity: sends never block.
 pub fn unbounded<T>() -> (Sender<T>, Receiver<T>) {
     let chan = Arc::new(Chan::new(UNBOUNDED));
     (Sender { chan: chan.clone() }, Receiver { chan })
 }
 
+/// `let timeout = if limited { vt::channel::after(limit) } else { vt::channel::never() };`
+///
 /// A receiver that never delivers a message and never disconnects: an arm of a select that is
 /// never ready (crossbeam's `never`), handy for an optional channel.
 ///
@@ -106,6 +112,8 @@ pub fn never<T>() -> Receiver<T> {
     Receiver { chan: Arc::new(Chan::new_never()) }
 }
 
+/// `vt::select! { recv(rx) -> msg => handle(msg), recv(vt::channel::after(Duration::from_secs(1))) -> _ => timed_out() }`
+///
 /// A receiver that gets one message, the instant it was due, after `duration`, and nothing
 /// after (crossbeam's `after`). It never disconnects. Its receive parks the fiber until then.
 ///
@@ -121,6 +129,8 @@ pub fn after(duration: Duration) -> Receiver<Instant> {
     timer(Instant::now().checked_add(duration), None)
 }
 
+/// `for _ in vt::channel::tick(Duration::from_secs(1)).iter().take(3) { report(); }`
+///
 /// A receiver that gets a message every `duration`, the instant it was due (crossbeam's
 /// `tick`): the first after `duration`, each next one `duration` after the previous one was
 /// taken, so a slow reader gets no backlog. It never disconnects.
@@ -138,11 +148,15 @@ fn deadline_after(timeout: Duration) -> Option<Instant> {
     Instant::now().checked_add(timeout)
 }
 
+/// `let (tx, rx) = vt::channel::bounded(1); vt::spawn(move || tx.send(42).unwrap());`
+///
 /// The sending half of a channel; clone it for more producers.
 pub struct Sender<T> {
     chan: Arc<Chan<T>>,
 }
 
+/// `for msg in rx.iter() { handle(msg); } // until every Sender is dropped`
+///
 /// The receiving half of a channel; clone it for more consumers.
 pub struct Receiver<T> {
     chan: Arc<Chan<T>>,

@@ -16,6 +16,8 @@ use std::time::Duration;
 
 use super::{RecvError, RecvTimeoutError, TryRecvError, TrySendError};
 
+/// `let (tx, rx) = vt::channel::oneshot::channel::<u64>();`
+///
 /// Creates a oneshot channel.
 pub fn channel<T>() -> (Sender<T>, Receiver<T>) {
     let (tx, rx) = super::bounded(1);

@@ -1,6 +1,8 @@
 //! `select!` and `select_biased!`: the macros that parse a select's arms and hand them to the
 //! engine in `select.rs` (`run_list`). Exported at the crate root.
 
+/// `vt::select! { recv(rx) -> msg => handle(msg), send(tx, 1) -> res => res.unwrap(), default => idle() }`
+///
 /// Waits on several channel operations at once; exactly one completes.
 ///
 /// Arms, in any order, separated by commas (optional after a block, allowed after the last):
@@ -43,6 +45,8 @@ macro_rules! select {
     };
 }
 
+/// `vt::select_biased! { recv(urgent) -> m => handle(m), recv(normal) -> m => handle(m) }`
+///
 /// [`select!`] that tries its arms in the order written: among the ready arms, the first one
 /// completes. For priorities (a shutdown channel before work); it can starve the later arms.
 ///

@@ -147,6 +147,8 @@ fn measure_switch(paint: u8) -> Option<usize> {
     deepest.filter(|&d| parked && (low..=sp).contains(&d)).map(|d| sp - d)
 }
 
+/// `vt::no_compaction(|| std::thread::scope(|s| { s.spawn(|| read(&local)); }));`
+///
 /// Runs `f` with the calling fiber's stack exempt from compaction (see
 /// [`Builder::compact_parked_after`](crate::runtime::Builder::compact_parked_after)).
 ///

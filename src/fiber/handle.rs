@@ -12,6 +12,8 @@ use super::id::{FiberId, next_id};
 use super::schedule::{RuntimeRef, Schedule, Wake};
 use super::{FiberRecord, FiberRef};
 
+/// `let me: vt::Fiber = vt::current(); tx.send(me.clone())?; vt::park(); // woken by me.unpark()`
+///
 /// A handle to a fiber (or to a plain OS thread that asked for [`current`]): its id, its name,
 /// and [`unpark`](Fiber::unpark). Cheap to clone; `Send + Sync`.
 ///
@@ -186,6 +188,8 @@ fn wake_record(r: &FiberRef, wake: Wake) {
     }
 }
 
+/// `let name = vt::current().name().map(str::to_owned);`
+///
 /// The calling fiber, or the calling thread when it is not a fiber. Inside a fiber,
 /// `std::thread::current()` is the carrier thread that runs it (its name is the carrier's, such
 /// as `vt-carrier-0`); this is the fiber, with the name given to `vt::Builder::name` or

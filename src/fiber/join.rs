@@ -156,6 +156,8 @@ fn scope_done(rec: &FiberRecord, unhandled_panic: bool) {
     }
 }
 
+/// `let h: vt::JoinHandle<u64> = vt::spawn(|| 1 + 1); let two = h.join().unwrap();`
+///
 /// An owned permission to join a fiber (wait for it to finish and take its result), like
 /// `std::thread::JoinHandle`. Dropping it detaches the fiber, which keeps running.
 pub struct JoinHandle<T> {

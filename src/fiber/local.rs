@@ -55,6 +55,8 @@ impl<T: Send + 'static> LocalKey<T> {
     }
 }
 
+/// `vt::fiber_local! { static REQUEST_ID: Cell<u64> = Cell::new(0); } REQUEST_ID.with(|id| id.set(7));`
+///
 /// Declares fiber-local values, like `thread_local!` but one value per fiber, safe when fibers
 /// migrate between carriers. Access with `KEY.with(|v| ...)`. The type must be `Send` (the value
 /// moves with its fiber); use `Cell`/`RefCell` for mutation.

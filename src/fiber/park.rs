@@ -47,12 +47,16 @@ pub(super) fn running() -> Option<Me> {
     NonNull::new(rec.cast_mut()).map(|rec| Me { rec, cancelling, _in_this_frame: PhantomData })
 }
 
+/// `let me = vt::current(); waiters.push(me); vt::park(); // until someone calls me.unpark()`
+///
 /// Blocks the calling fiber until its token is available (see [`Fiber::unpark`]); may return
 /// spuriously. On a plain thread this is `std::thread::park`.
 pub fn park() {
     park_for(WaitReason::Park, None);
 }
 
+/// `vt::park_timeout(Duration::from_millis(50)); // woken by unpark, or after 50 ms`
+///
 /// Like [`park`], but returns after `dur` at the latest.
 pub fn park_timeout(dur: Duration) {
     match Instant::now().checked_add(dur) {
@@ -263,6 +267,8 @@ fn park_unwinding(rec: &FiberRecord, deadline: Option<Instant>) {
     }
 }
 
+/// `for chunk in work.chunks(1024) { crunch(chunk); vt::yield_now(); }`
+///
 /// Lets other fibers run: the calling fiber goes to the back of its carrier's run queue.
 /// On a plain thread this is `std::thread::yield_now`.
 pub fn yield_now() {

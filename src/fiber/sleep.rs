@@ -7,6 +7,8 @@ use super::context;
 use super::park::{park_fiber, park_for, running};
 use super::wait::{PlainCall, WaitReason};
 
+/// `vt::sleep(Duration::from_millis(10));`
+///
 /// Puts the calling fiber to sleep for at least `dur`; its carrier runs other fibers meanwhile.
 /// On a plain thread this is `std::thread::sleep`.
 pub fn sleep(dur: Duration) {
@@ -35,6 +37,8 @@ pub fn sleep(dur: Duration) {
     sleep_until(deadline);
 }
 
+/// `vt::sleep_until(Instant::now() + Duration::from_secs(1));`
+///
 /// Puts the calling fiber to sleep until `deadline`.
 pub fn sleep_until(deadline: Instant) {
     loop {

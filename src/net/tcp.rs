@@ -19,6 +19,8 @@ use crate::platform::net::{self as sys, Connect, Direction};
 /// client a one-second retransmission.
 const BACKLOG: i32 = 4096;
 
+/// `let mut s = vt::net::TcpStream::connect("example.com:80")?; s.write_all(b"GET / HTTP/1.0\r\n\r\n")?;`
+///
 /// A TCP connection, like [`std::net::TcpStream`]. Inside a fiber, reads, writes, `connect` and
 /// `peek` park the fiber until the socket is ready; on a plain thread they block it.
 ///
@@ -39,6 +41,8 @@ pub struct TcpStream {
     io: IoSource<net::TcpStream>,
 }
 
+/// `for conn in vt::net::TcpListener::bind("0.0.0.0:8080")?.incoming() { let c = conn?; vt::spawn(move || serve(c)); }`
+///
 /// A TCP listening socket, like [`std::net::TcpListener`]. Inside a fiber, `accept` parks the
 /// fiber until a connection arrives.
 ///

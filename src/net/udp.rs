@@ -10,6 +10,8 @@ use super::addr::{each_addr, first_addr};
 use super::source::{IoSource, never_drained};
 use crate::platform::net as sys;
 
+/// `let sock = vt::net::UdpSocket::bind("0.0.0.0:9000")?; let (n, from) = sock.recv_from(&mut buf)?;`
+///
 /// A UDP socket, like [`std::net::UdpSocket`]. Inside a fiber, receives park the fiber until a
 /// datagram arrives; on a plain thread they block it.
 pub struct UdpSocket {

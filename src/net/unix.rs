@@ -15,11 +15,15 @@ use super::source::{IoSource, never_drained};
 use crate::platform::explain_fd_error;
 use crate::platform::net as sys;
 
+/// `let mut s = vt::net::UnixStream::connect("/tmp/app.sock")?; s.write_all(b"ping")?;`
+///
 /// A Unix-domain stream socket, like [`std::os::unix::net::UnixStream`].
 pub struct UnixStream {
     io: IoSource<unet::UnixStream>,
 }
 
+/// `for conn in vt::net::UnixListener::bind("/tmp/app.sock")?.incoming() { let c = conn?; vt::spawn(move || serve(c)); }`
+///
 /// A Unix-domain listening socket, like [`std::os::unix::net::UnixListener`].
 pub struct UnixListener {
     io: IoSource<unet::UnixListener>,

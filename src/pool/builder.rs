@@ -10,6 +10,8 @@ use super::{Shared, Synced, ThreadPool};
 use crate::fiber::schedule::RuntimeRef;
 use crate::runtime::Handle;
 
+/// `let pool = vt::ThreadPoolBuilder::new().num_threads(8).thread_name("job".into()).build();`
+///
 /// Settings for a [`ThreadPool`], like `threadpool::Builder`.
 #[derive(Debug, Clone, Default)]
 pub struct ThreadPoolBuilder {

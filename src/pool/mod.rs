@@ -59,6 +59,8 @@ enum Entry {
     },
 }
 
+/// `let pool = vt::ThreadPool::new(16); pool.execute(|| work()); pool.join();`
+///
 /// A pool of at most `max_count` jobs running at once, each in a fiber, with the `threadpool`
 /// crate's methods. Clones share the pool. Dropping the last handle waits for nothing: queued
 /// jobs still run, and everything is freed when the last one finishes.
@@ -103,6 +105,20 @@ struct Shared {
     fiber_name: Option<String>,
     stack_size: Option<usize>,
     synced: Mutex<Synced>,
+}
+
+/// Held by every fiber the pool starts, and dropped with it: when that happens because the
+/// runtime is being dropped (its fibers are unwound, unstarted ones dropped), the pool learns
+/// that its pending jobs will never finish (`Shared::stopped`). Every pending job has a fiber
+/// (running it, holding the slot it waits for, or parked on a ticket), so one is dropped then.
+struct StopWatch(Arc<Shared>);
+
+impl Drop for StopWatch {
+    fn drop(&mut self) {
+        if self.0.rt.is_shut_down() {
+            self.0.stopped();
+        }
+    }
 }
 
 /// What the starter of a fiber holds for its job.
@@ -219,6 +235,14 @@ impl ThreadPool {
             if s.pending.load(Ordering::Acquire) == 0 {
                 return;
             }
+            // A pool whose runtime is gone runs nothing more: its pending jobs never finish.
+            // Looked at under the lock that `Shared::stopped` takes after the runtime's drop
+            // has begun, so either this sees the drop or `stopped` sees this joiner.
+            if s.rt.is_shut_down() {
+                drop(synced);
+                s.drop_queued_if_stopped();
+                return;
+            }
             synced.joiners.push(crate::fiber::handle::current());
             synced.generation
         };
@@ -284,7 +308,7 @@ impl Shared {
     /// Spawns a fiber on the pool's runtime with the pool's settings; `held` is what the
     /// caller took for the job, given back if the fiber cannot be had.
     #[track_caller]
-    fn start<F, T>(&self, held: Held, f: F) -> JoinHandle<T>
+    fn start<F, T>(self: &Arc<Self>, held: Held, f: F) -> JoinHandle<T>
     where
         F: FnOnce() -> T + Send + 'static,
         T: Send + 'static,
@@ -296,6 +320,12 @@ impl Shared {
         if let Some(bytes) = self.stack_size {
             b = b.stack_size(bytes);
         }
+        // Dropped with the fiber's closure, run or not: tells the pool if the runtime is going.
+        let watch = StopWatch(Arc::clone(self));
+        let f = move || {
+            let _watch = watch;
+            f()
+        };
         // SAFETY: `F` and `T` are 'static, so nothing the fiber holds can dangle.
         match unsafe { b.spawn_unchecked_at(&self.rt, f, Location::caller(), None) } {
             Ok(h) => h,
@@ -331,6 +361,26 @@ impl Shared {
                 Steal::Empty => return None,
                 Steal::Retry => std::hint::spin_loop(),
             }
+        }
+    }
+
+    /// The pool's runtime is being dropped (a fiber of the pool's is unwound, or its unstarted
+    /// closure dropped): drop what is queued and wake the joiners, which return, since the
+    /// jobs pending will never finish (`join` waited for ever).
+    fn stopped(&self) {
+        self.drop_queued_if_stopped();
+        self.wake_joiners();
+    }
+
+    /// Ends the joiners' wait (`join` returns once `generation` moved).
+    fn wake_joiners(&self) {
+        let joiners = {
+            let mut synced = self.synced();
+            synced.generation += 1;
+            std::mem::take(&mut synced.joiners)
+        };
+        for j in joiners {
+            j.unpark();
         }
     }
 
@@ -481,14 +531,7 @@ impl Shared {
         // AcqRel: Release publishes the job's effects to the joiner's Acquire load; Acquire
         // orders the whole pool's work before the wake-up below.
         if self.pending.fetch_sub(1, Ordering::AcqRel) == 1 {
-            let joiners = {
-                let mut synced = self.synced();
-                synced.generation += 1;
-                std::mem::take(&mut synced.joiners)
-            };
-            for j in joiners {
-                j.unpark();
-            }
+            self.wake_joiners();
         }
     }
 }

@@ -22,6 +22,8 @@ pub const DEFAULT_MAX_CARRIERS: usize = 256;
 /// `InvalidInput` (a number near `usize::MAX` overflowed a capacity computation and panicked).
 const CARRIERS_LIMIT: usize = 1 << 22;
 
+/// `let rt = vt::Runtime::builder().carriers(4).stack_size(256 << 10).build()?;`
+///
 /// Settings for a [`Runtime`]. Setters take and return the builder by value, so calls chain:
 /// `Runtime::builder().carriers(2).build()`. Nothing is checked or started until
 /// [`build`](Builder::build), which reports invalid settings as `io::ErrorKind::InvalidInput`.

@@ -28,12 +28,16 @@ use crate::runtime::spawn::Builder as FiberBuilder;
 use crate::scheduler::Shared;
 use crate::scheduler::config::{Affinity, Config};
 
+/// `let rt = vt::Runtime::builder().carriers(2).build()?; let n = rt.block_on(|| count_lines());`
+///
 /// A set of carrier threads running fibers. See the crate docs for an overview.
 pub struct Runtime {
     handle: Handle,
     supervisor: Option<thread::JoinHandle<()>>,
 }
 
+/// `let h = rt.handle(); std::thread::spawn(move || h.spawn(work));`
+///
 /// A cheap, cloneable, `Send + Sync` reference to a runtime, for spawning onto it from
 /// anywhere. It keeps the runtime's bookkeeping alive, not its carriers: once the `Runtime`
 /// is dropped, fibers spawned through a handle never run (joining them returns an error).

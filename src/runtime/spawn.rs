@@ -16,6 +16,8 @@ use crate::fiber::scope_data::ScopeData;
 use crate::fiber::stack::{SizeClass, usable_size};
 use crate::scheduler::carrier::Carrier;
 
+/// `let h = vt::Builder::new().name("worker".into()).stack_size(1 << 20).spawn(work)?;`
+///
 /// Fiber factory, like `std::thread::Builder`: a name and a stack size for the next fiber.
 #[derive(Debug, Default, Clone)]
 pub struct Builder {
@@ -170,6 +172,8 @@ fn fork_yield(c: &Carrier) {
     }
 }
 
+/// `let answer = vt::spawn(|| 6 * 7).join().unwrap();`
+///
 /// Spawns a new fiber on the current runtime (the caller's, or the process-wide default one
 /// when called from a plain thread) and returns a handle to join it.
 ///

@@ -442,8 +442,45 @@ pub(crate) fn warn_starvation(
 /// Called once per runtime by the supervisor.
 pub(crate) fn report_saturation(rt: &Shared) {
     let max = rt.config.max_carriers;
-    // Where each carrier's fiber was spawned, or entered `vt::blocking`: the carrier's own
-    // record of it, kept even with fiber roots off.
+    let sites = carrier_sites(rt);
+    let waiting = collect(rt).fibers.iter().filter(|f| f.state == FiberState::Runnable).count();
+    let waiting = match waiting {
+        0 => "fibers wait".to_owned(),
+        1 => "1 fiber waits".to_owned(),
+        n => format!("{n} fibers wait"),
+    };
+    eprintln!(
+        "virtual-threads: all {max} carriers (max_carriers) are blocked (in the OS, or each in \
+         one fiber for long without a switch) and {waiting} to run; none runs until a carrier \
+         comes back. The blocked carriers' fibers were spawned (or entered vt::blocking): {sites}. \
+         Raise the bound with runtime::Builder::max_carriers(n) (VT_MAX_CARRIERS=n for the \
+         default runtime), or wait with vt's own calls (vt::sync, vt::channel, vt::sleep, joins), \
+         which park the fiber and free its carrier. (Reported once.)"
+    );
+}
+
+/// Compensation ran away: more than `RUNAWAY_FACTOR` times the target carriers exist, each a
+/// thread, because fibers keep blocking their carriers in the OS (a client library's blocking
+/// socket calls grew one runtime to 50 carriers with no word said). Said once per runtime, with
+/// the sites the carriers' fibers came from, so that the user can move those calls to
+/// `vt::blocking` or to `vt`'s own waits.
+pub(crate) fn report_runaway(rt: &Shared, active: usize) {
+    eprintln!(
+        "virtual-threads: {active} carriers run for a target of {}: fibers keep their carriers \
+         waiting in the OS, and the runtime compensates with a thread each (up to max_carriers, \
+         {}). The carriers' fibers were spawned (or entered vt::blocking): {}. Wait with vt's own \
+         calls (vt::sleep, vt::sync, vt::channel, vt::net, joins), which park the fiber and free \
+         its carrier, or run the call in vt::blocking. (Reported once.)",
+        rt.target,
+        rt.config.max_carriers,
+        carrier_sites(rt)
+    );
+}
+
+/// Where each running carrier's fiber was spawned, or entered `vt::blocking`, grouped and most
+/// frequent first: "3 at src/main.rs:12:14, 1 at ...". The carriers' own record of it, kept
+/// even with fiber roots off.
+fn carrier_sites(rt: &Shared) -> String {
     let mut sites: Vec<(&'static Location<'static>, usize)> = Vec::new();
     for slot in rt.slots.upto(rt.started()) {
         let loc = slot.location.load(Ordering::Acquire);
@@ -459,21 +496,7 @@ pub(crate) fn report_saturation(rt: &Shared) {
     }
     sites.sort_by_key(|&(_, n)| std::cmp::Reverse(n));
     let sites: Vec<String> = sites.iter().map(|(l, n)| format!("{n} at {l}")).collect();
-    let waiting = collect(rt).fibers.iter().filter(|f| f.state == FiberState::Runnable).count();
-    let waiting = match waiting {
-        0 => "fibers wait".to_owned(),
-        1 => "1 fiber waits".to_owned(),
-        n => format!("{n} fibers wait"),
-    };
-    eprintln!(
-        "virtual-threads: all {max} carriers (max_carriers) are blocked (in the OS, or each in \
-         one fiber for long without a switch) and {waiting} to run; none runs until a carrier \
-         comes back. The blocked carriers' fibers were spawned (or entered vt::blocking): {}. \
-         Raise the bound with runtime::Builder::max_carriers(n) (VT_MAX_CARRIERS=n for the \
-         default runtime), or wait with vt's own calls (vt::sync, vt::channel, vt::sleep, joins), \
-         which park the fiber and free its carrier. (Reported once.)",
-        sites.join(", ")
-    );
+    if sites.is_empty() { "none running now".to_owned() } else { sites.join(", ") }
 }
 
 // --- Panics: name the fiber, not just its carrier thread. ---

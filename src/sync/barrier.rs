@@ -12,6 +12,8 @@ use super::loom::{self, Arc};
 use super::wait_list::{Outcome, Waiter};
 use crate::fiber::wait::WaitReason;
 
+/// `let barrier = vt::sync::Barrier::new(n); barrier.wait();`
+///
 /// Lets `n` fibers or threads wait until all of them have arrived.
 ///
 /// Same API as [`std::sync::Barrier`].

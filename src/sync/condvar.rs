@@ -17,6 +17,8 @@ use super::poison;
 use super::wait_list::{Outcome, WaitQueue, Waiter};
 use crate::fiber::wait::WaitReason;
 
+/// `let mut ready = cv.wait_while(lock.lock().unwrap(), |r| !*r).unwrap();`
+///
 /// A condition variable whose waiters park their fiber (or plain thread).
 ///
 /// Same API as [`std::sync::Condvar`], for [`super::Mutex`].

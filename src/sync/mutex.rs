@@ -31,6 +31,8 @@ const QUEUED: u8 = 2;
 /// another carrier for a few hundred nanoseconds, short enough not to starve its own carrier.
 const SPINS: u32 = if cfg!(loom) { 0 } else { 40 };
 
+/// `static COUNT: vt::sync::Mutex<u64> = vt::sync::Mutex::new(0); *COUNT.lock().unwrap() += 1;`
+///
 /// A mutual-exclusion lock whose waiters park their fiber (or plain thread).
 ///
 /// Same API and poisoning as [`std::sync::Mutex`].

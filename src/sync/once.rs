@@ -12,6 +12,8 @@ use std::panic::{RefUnwindSafe, UnwindSafe};
 use super::loom;
 use super::once_lock::{OnceCore, POISONED};
 
+/// `static INIT: vt::sync::Once = vt::sync::Once::new(); INIT.call_once(setup);`
+///
 /// Runs a one-time initialisation; callers that arrive while it runs park their fiber.
 ///
 /// Same API and poisoning as [`std::sync::Once`]; `new` is `const`, so it can be a `static`.
@@ -114,6 +116,8 @@ impl fmt::Debug for Once {
 impl UnwindSafe for Once {}
 impl RefUnwindSafe for Once {}
 
+/// `static TABLE: vt::sync::LazyLock<Vec<u64>> = vt::sync::LazyLock::new(build_table);`
+///
 /// A value initialised on first access by `F`; accesses that arrive while it runs park their
 /// fiber.
 ///

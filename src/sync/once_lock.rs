@@ -123,6 +123,8 @@ impl Drop for ResetOnUnwind<'_> {
     }
 }
 
+/// `static CONFIG: vt::sync::OnceLock<Config> = vt::sync::OnceLock::new(); let c = CONFIG.get_or_init(load);`
+///
 /// A cell written once; readers of an unfinished initialisation park their fiber.
 ///
 /// Same API as [`std::sync::OnceLock`].

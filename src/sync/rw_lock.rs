@@ -31,6 +31,8 @@ const WRITER: usize = 1;
 const QUEUED: usize = 2;
 const READER: usize = 4;
 
+/// `let config = vt::sync::RwLock::new(cfg); let port = config.read().unwrap().port;`
+///
 /// A reader-writer lock whose waiters park their fiber (or plain thread).
 ///
 /// Same API and poisoning as [`std::sync::RwLock`].

@@ -18,6 +18,8 @@ use crate::fiber::wait::WaitReason;
 const QUEUED: usize = 1;
 const PERMIT: usize = 2;
 
+/// `let slots = vt::sync::Semaphore::new(100); let _permit = slots.acquire();`
+///
 /// A counting semaphore: at most `permits` holders at a time.
 ///
 /// ```

@@ -12,6 +12,8 @@ use super::loom::{self, Arc, AtomicUsize, Ordering};
 use super::wait_list::Waiter;
 use crate::fiber::wait::WaitReason;
 
+/// `let wg = vt::sync::WaitGroup::new(); let w = wg.clone(); vt::spawn(move || { work(); drop(w) }); wg.wait();`
+///
 /// Waits until a group of fibers or threads is done.
 ///
 /// ```

@@ -27,7 +27,8 @@ struct Fiber {
     /// The fiber calls `yield_now` once before it starts waiting.
     yields: AtomicBool,
     /// The fiber returned. (Not read off the state word: loom 0.7 can order a plain store,
-    /// like `set_done`'s, before a concurrent RMW that did not see it, tokio-rs/loom#254.)
+    /// like `set_done`'s, before a concurrent RMW that did not see it:
+    /// https://github.com/tokio-rs/loom/issues/254.)
     finished: AtomicBool,
     /// Ways a `park` returned: a token taken by the fiber, a token found by the carrier
     /// switching it out, a claim after `notify` (or the compactor) made it runnable.

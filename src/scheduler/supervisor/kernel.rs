@@ -37,6 +37,10 @@ pub(super) struct OffCpu {
     pub(super) counted: bool,
     /// Started by a surge: samples left during which it stays counted without a judgement.
     pub(super) presumed: u8,
+    /// Windows in a row judged off-CPU.
+    pub(super) streak: u8,
+    /// The last window judged was more than 7/8 asleep: the evidence a surge needs.
+    pub(super) deep: bool,
 }
 
 impl OffCpu {
@@ -71,6 +75,7 @@ impl OffCpu {
             return None;
         }
         let on = now.exec.saturating_sub(last.exec) + now.delay.saturating_sub(last.delay);
+        self.deep = on.saturating_mul(8) < wall;
         Some(on.saturating_mul(2) < wall)
     }
 

@@ -53,6 +53,12 @@ const REPORT_BLOCKED_AFTER: Duration = Duration::from_secs(1);
 /// own off-CPU time has been judged: its first window may not be readable yet (the thread has
 /// not published its id).
 const PRESUMED_SAMPLES: u8 = 2;
+/// Carriers beyond this many times the target are a runaway compensation, said once
+/// (`diagnostics::report_runaway`).
+const RUNAWAY_FACTOR: usize = 4;
+/// Windows in a row a carrier must spend mostly asleep in the kernel before the off-CPU rule
+/// counts it blocked (`OffCpu`).
+const OFF_CPU_SAMPLES: u8 = 2;
 /// ZIO's rule after its false-positive bug: more than 64 runs at a location, and at least half
 /// of them caught blocking, make it known-blocking.
 const KNOWN_MIN_RUNS: u64 = 64;
@@ -90,6 +96,7 @@ pub(crate) fn run(rt: RuntimeRef) {
     let mut tick: u64 = 0;
     let mut aggregated: u64 = 0;
     let mut profile = Profile::default();
+    let mut runaway_reported = false;
     let mut starving: HashSet<usize> = HashSet::new();
     let mut reported: HashSet<usize> = HashSet::new();
     let mut quiet: Option<(u64, usize)> = None;
@@ -111,8 +118,21 @@ pub(crate) fn run(rt: RuntimeRef) {
             }
         }
         surge(&rt, &mut watch, waiting);
+        if watch.iter().any(|w| w.blocked) {
+            // Whatever moved the counts this tick (a surge's carrier that took the last
+            // unblocked carrier's place, a spare that retired while counted), `target` carriers
+            // stay unblocked while the supervisor counts some blocked: two loads when they do.
+            rt.compensate();
+        }
         poll_unread_sets(&rt, &mut watch);
         saturation.check(&rt);
+        if !runaway_reported {
+            let active = rt.active.load(Ordering::Relaxed);
+            if active > RUNAWAY_FACTOR * rt.target {
+                runaway_reported = true;
+                crate::scheduler::diagnostics::report_runaway(&rt, active);
+            }
+        }
         if let Some(a) = &mut affinity {
             a.check(&rt);
         }
@@ -194,7 +214,12 @@ fn sample(
         // interval switches at every sample, yet sleeps in the kernel while work waits.
         let presumed = w.off.presumed > 0 && off_cpu.is_none() && !loc.is_null();
         w.off.presumed = w.off.presumed.saturating_sub(1);
-        if off_cpu == Some(true) {
+        // Two windows in a row before a carrier is counted (then one keeps it counted): a
+        // carrier waiting a few milliseconds for a `std::sync::Mutex` whose holder the OS
+        // descheduled, on a loaded machine, is no reason for another thread.
+        w.off.streak = if off_cpu == Some(true) { w.off.streak.saturating_add(1) } else { 0 };
+        let off = off_cpu == Some(true) && (w.blocked || w.off.streak >= OFF_CPU_SAMPLES);
+        if off {
             w.off.presumed = 0;
             rt.detections.fetch_add(1, Ordering::Relaxed);
             // The fiber running now is asleep in the kernel (`judge` looked): the carrier
@@ -298,7 +323,12 @@ fn stealable(rt: &Shared, started: usize) -> usize {
 /// while the evidence lasts; on a saturated CPU, time waiting for a CPU is not off-CPU time
 /// (`OffCpu::judge`), so the growth stops there.
 fn surge(rt: &Shared, watch: &mut Vec<Watch>, waiting: usize) {
-    let measured = watch.iter().filter(|w| w.off.counted && w.blocked && w.off.presumed == 0).count();
+    // Only carriers asleep for nearly all of their last window (a sleep, a read that waits):
+    // carriers that contend for a `std::sync::Mutex` also sleep in the kernel, more the more
+    // carriers there are, and doubling them fed on itself (a tree of 4096 fibers, each taking
+    // one lock, grew a runtime of 2 carriers to 41 under load).
+    let measured =
+        watch.iter().filter(|w| w.off.counted && w.off.deep && w.blocked && w.off.presumed == 0).count();
     let mut n = measured.min(waiting.saturating_sub(rt.target));
     while n > 0 {
         let Some(i) = rt.carrier_for_blocking() else { return };
