@@ -236,7 +236,14 @@ impl<S: AsFd> IoSource<S> {
                 deadline = timeout.and_then(|t| Instant::now().checked_add(t));
             }
             let waited = match (waiter, reg) {
-                (Waiter::Fiber, Some(r)) => r.readiness().wait(dir, deadline),
+                (Waiter::Fiber, Some(r)) => {
+                    // A socket handed over from a fiber of another carrier: have its readiness
+                    // read where this fiber runs, then take a new snapshot.
+                    if r.follow_caller() {
+                        continue;
+                    }
+                    r.readiness().wait(dir, deadline)
+                }
                 (Waiter::Fiber, None) if registered.is_some_and(|r| r.runtime_is_current()) => {
                     // Orphaned: this fiber's own runtime is being dropped, and nothing polls its
                     // reactor. Park, to be unwound by the drop like every other waiting fiber
@@ -296,7 +303,8 @@ impl<S: AsFd> IoSource<S> {
         // its live `Carrier`; it is used before any switch point (nothing here parks).
         let (rt, set) = unsafe { ((*c).runtime_ref(), (*c).index()) };
         // The set of the carrier running the waiter: with one fiber per connection, the fiber's
-        // home, so readiness wakes that carrier directly (`reactor.rs`).
+        // home, so readiness wakes that carrier directly (`scheduler/reactor/`); a later waiter
+        // on another carrier takes it along (`follow_caller`).
         let reg = Registration::new(rt, set, self.sock.as_fd().as_raw_fd())?;
         let _ = self.reg.set(reg);
         Ok(())

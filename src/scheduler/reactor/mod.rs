@@ -2,8 +2,10 @@
 //!
 //! There is no I/O thread, and no shared poller. A socket joins the set of the carrier whose
 //! fiber first waits on it (with one fiber per connection, the carrier that runs it: fibers stay
-//! on their home carrier), so readiness wakes that carrier in its own `epoll_wait` and the fiber
-//! goes to its LIFO slot: no futex, no inbox hand-off. An idle carrier blocks in `epoll_wait` on
+//! on their home carrier), and moves to the set of a fiber of another carrier that waits on it
+//! alone later (a connection handed over: `move_registration`), so readiness wakes the waiter's
+//! carrier in its own `epoll_wait` and the fiber goes to its LIFO slot: no futex, no inbox
+//! hand-off. An idle carrier blocks in `epoll_wait` on
 //! its set (until the earliest timer), never in a thread park; `Shared::unpark_carrier` wakes it
 //! through the set's eventfd. Busy carriers poll their set without blocking every millisecond or
 //! so. A set is opened when its carrier starts (a runtime with 256 carrier slots opens none for
@@ -17,7 +19,7 @@
 //! woken by a carrier other than its home goes to its home's inbox, as any cross-carrier wake,
 //! so a socket shared between fibers of two homes, or a migrated fiber, is served correctly.
 //!
-//! Sockets are registered once, edge-triggered, for both directions. The epoll token of a
+//! Sockets are registered edge-triggered, for both directions, in one set at a time. The epoll token of a
 //! registration is the address of its [`Readiness`], kept alive by the socket's `Arc` and, after
 //! deregistration, by its set until no event carrying the token can be in flight:
 //!
@@ -185,6 +187,36 @@ impl Reactor {
         let token = Arc::as_ptr(&readiness) as u64;
         epoll::epoll_add(&self.set(i).ep, fd, EPOLLIN | EPOLLOUT | EPOLLRDHUP | EPOLLET, token)?;
         Ok(readiness)
+    }
+
+    /// Moves `fd`, registered with carrier `from`'s set, to carrier `to`'s. Added to the new
+    /// set first, so it is never in neither: the `ADD` reports its current readiness there, and
+    /// an event taken from the old set meanwhile is delivered as any other. The state stays
+    /// queued on the old set's `released` list as on a deregistration, since a poll of that set
+    /// that began before the `DEL` may still carry the token (module docs, step 1).
+    pub(crate) fn move_registration(
+        &self,
+        from: usize,
+        to: usize,
+        fd: i32,
+        readiness: &Arc<Readiness>,
+    ) -> io::Result<()> {
+        if self.forked() {
+            return Err(io::Error::other("a forked child's copy of a reactor"));
+        }
+        let token = Arc::as_ptr(readiness) as u64;
+        epoll::epoll_add(&self.set(to).ep, fd, EPOLLIN | EPOLLOUT | EPOLLRDHUP | EPOLLET, token)?;
+        let old = self.set(from);
+        if epoll::epoll_del(&old.ep, fd).is_err() {
+            // Not in the old set after all (nothing else removes it): keep the state for ever
+            // rather than reason about a token that set might still report.
+            std::mem::forget(Arc::clone(readiness));
+            return Ok(());
+        }
+        lock(&old.released).push(Arc::clone(readiness));
+        // Release pairs with the Acquire load in `poll`.
+        old.has_released.store(true, Ordering::Release);
+        Ok(())
     }
 
     /// Removes `fd` from carrier `i`'s set; `fd` must still be open. Keeps `readiness` alive

@@ -28,7 +28,7 @@
 //! always sees the other. Every waiter of the direction is woken (several fibers may wait on one
 //! listener; the losers of the race find `EAGAIN` and wait again).
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
 
@@ -198,6 +198,12 @@ impl Readiness {
         }
     }
 
+    /// Whether a fiber waits on either direction.
+    fn has_waiters(&self) -> bool {
+        let w = self.lock();
+        !w.readers.is_empty() || !w.writers.is_empty()
+    }
+
     /// The socket is going away: fail every present and future wait.
     pub(crate) fn close(&self) {
         self.word.fetch_or(CLOSED, Ordering::AcqRel);
@@ -266,8 +272,10 @@ pub(crate) struct Registration {
     readiness: Arc<Readiness>,
     /// Keeps the runtime's `Shared`, and so its reactor, alive as long as the registration.
     rt: RuntimeRef,
-    /// The carrier whose poll set holds the descriptor.
-    set: usize,
+    /// The carrier whose poll set holds the descriptor now (`follow_caller` moves it).
+    set: AtomicUsize,
+    /// Serialises moves.
+    moving: Mutex<()>,
     fd: i32,
 }
 
@@ -275,7 +283,42 @@ impl Registration {
     /// Registers `fd` with the poll set of carrier `set` of `rt`.
     pub(crate) fn new(rt: &RuntimeRef, set: usize, fd: i32) -> std::io::Result<Registration> {
         let readiness = rt.reactor.register(set, fd)?;
-        Ok(Registration { readiness, rt: rt.clone(), set, fd })
+        Ok(Registration { readiness, rt: rt.clone(), set: AtomicUsize::new(set), moving: Mutex::new(()), fd })
+    }
+
+    /// Moves the registration to the poll set of the calling fiber's carrier, if that is a
+    /// carrier of its runtime other than the one holding it, and no other fiber waits on it (two
+    /// waiters on two carriers would move it back and forth). Returns whether it moved; the
+    /// caller then takes a new snapshot (the move reports the current readiness, as a first
+    /// registration does). A socket handed to a fiber on another carrier so has its readiness
+    /// read by the carrier that runs the waiter, which wakes it in place, whatever the first
+    /// carrier does (`arch/io.md`, "Every set has a reader").
+    pub(crate) fn follow_caller(&self) -> bool {
+        let c = crate::scheduler::carrier::here();
+        if c.is_null() {
+            return false;
+        }
+        // SAFETY: a non-null carrier pointer is this thread's live carrier; used before any
+        // switch point.
+        let c = unsafe { &*c };
+        let here = c.index();
+        // Relaxed: only `follow_caller` writes it, under `moving`; a stale value is re-read
+        // there.
+        if self.set.load(Ordering::Relaxed) == here || !std::ptr::eq(c.shared(), self.rt.ptr()) {
+            return false;
+        }
+        // Another fiber moving it: leave it to that one.
+        let Ok(_moving) = self.moving.try_lock() else { return false };
+        let from = self.set.load(Ordering::Relaxed);
+        if from == here || self.readiness.has_waiters() {
+            return false;
+        }
+        // On failure it stays where it is, served as before.
+        let moved = self.rt.reactor.move_registration(from, here, self.fd, &self.readiness).is_ok();
+        if moved {
+            self.set.store(here, Ordering::Relaxed);
+        }
+        moved
     }
 
     pub(crate) fn readiness(&self) -> &Readiness {
@@ -303,7 +346,7 @@ impl Drop for Registration {
         // Before the descriptor closes (the socket drops its registration first): wake every
         // waiter with an error, then take the descriptor out of the epoll set.
         self.readiness.close();
-        self.rt.reactor.deregister(self.set, self.fd, &self.readiness);
+        self.rt.reactor.deregister(*self.set.get_mut(), self.fd, &self.readiness);
     }
 }
 
