@@ -279,11 +279,12 @@ fn address<T>(chan: &Chan<T>) -> usize {
     std::ptr::from_ref(chan) as usize
 }
 
-// SAFETY: between calls (all that another thread can reach) a `Select`'s arms hold only
-// `&Chan<T>`s, with no message and no registration (`run_select` takes the result out and
-// every run unregisters before returning), and `Select::send`/`recv` admit only `T: Send`,
-// for which `Chan<T>` is `Sync`: sharing or moving the `Select` shares or moves `&Chan<T>`s.
-// `&Select` reaches only `clone` (fresh arms from the same `&Chan<T>`s) and `Debug`.
+// Between calls (all that another thread can reach) a `Select`'s arms hold only `&Chan<T>`s,
+// with no message and no registration (`run_select` takes the result out and every run
+// unregisters before returning), and `Select::send`/`recv` admit only `T: Send`, for which
+// `Chan<T>` is `Sync`. `&Select` reaches only `clone` (fresh arms from the same `&Chan<T>`s)
+// and `Debug`.
+// SAFETY: so sharing or moving the `Select` shares or moves `&Chan<T>`s, which is sound.
 unsafe impl Send for Select<'_> {}
 // SAFETY: as above.
 unsafe impl Sync for Select<'_> {}

@@ -29,7 +29,7 @@
 //!   without a switch point (`vt::yield_now`, any blocking call) keeps its carrier from running
 //!   anything else, including the fiber that would make it ready; the CPU-starvation warning
 //!   names such a fiber. Use `recv`, `recv_timeout` or a `select!` instead (no preemption
-//!   and no spare carrier: `arch/decisions/0004-spin-loops-need-a-switch-point.md`). A poll
+//!   and no spare carrier: `arch/decisions/0006-spin-loops-need-a-switch-point.md`). A poll
 //!   that meets a *waiting* counterpart completes, though: `try_recv` takes the message of a
 //!   sender parked in `send`, `select!` or `Select::select`.
 //! - A send chosen by the dynamic [`Select`] for room in a buffer may wait in
