@@ -175,3 +175,71 @@ fn fork_from_a_fiber_leaves_the_parent_running_and_the_child_on_a_fresh_runtime(
     }
     println!("parent: ok");
 }
+
+/// A `fork` copies only the forking thread, so a lock another thread held at that moment stays
+/// held in the child. The stack pools are process-wide and the child's fresh runtime takes its
+/// stacks from them: with carriers and the scavenger busy in the pools at every fork, each child
+/// must still spawn and join a fiber.
+#[test]
+fn a_fork_while_other_threads_churn_the_stack_pools_leaves_the_child_able_to_spawn() {
+    const NAME: &str = "a_fork_while_other_threads_churn_the_stack_pools_leaves_the_child_able_to_spawn";
+    const FORKS: usize = 40;
+    if std::env::var(CHILD).is_err() {
+        let out = Command::new(std::env::current_exe().unwrap())
+            .args([NAME, "--exact", "--nocapture", "--test-threads=1"])
+            .env(CHILD, "churn")
+            .output()
+            .expect("re-exec the test binary");
+        let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success() && stdout.contains("parent: ok"),
+            "{}\nstdout: {stdout}\nstderr: {stderr}",
+            out.status
+        );
+        return;
+    }
+    let rt = Arc::new(vt::Runtime::builder().carriers(2).build().unwrap());
+    let stop = Arc::new(AtomicBool::new(false));
+    let churners: Vec<_> = [None, Some(64 * 1024)]
+        .into_iter()
+        .map(|stack| {
+            let (rt, stop) = (rt.clone(), stop.clone());
+            std::thread::spawn(move || {
+                while !stop.load(Ordering::Relaxed) {
+                    rt.block_on(|| {
+                        let hs: Vec<_> = (0..2_000)
+                            .map(|i| {
+                                let b = vt::Builder::new();
+                                let b = match stack {
+                                    Some(s) => b.stack_size(s),
+                                    None => b,
+                                };
+                                b.spawn(move || i).unwrap()
+                            })
+                            .collect();
+                        hs.into_iter().for_each(|h| assert!(h.join().is_ok()));
+                    });
+                }
+            })
+        })
+        .collect();
+    for i in 0..FORKS {
+        // SAFETY: the child only spawns and joins a fiber on its fresh default runtime, then
+        // ends with `_exit` (no destructors or atexit handlers of the parent's state).
+        let pid = unsafe { libc::fork() };
+        assert!(pid >= 0, "fork failed");
+        if pid == 0 {
+            let ok = vt::spawn(|| 7).join().ok() == Some(7);
+            // SAFETY: ends the child at once.
+            unsafe { libc::_exit(if ok { 0 } else { 10 }) };
+        }
+        match wait_child(pid, STEP) {
+            Some(0) => {}
+            Some(code) => panic!("fork {i}: the child's fiber did not run (exit {code})"),
+            None => panic!("fork {i}: the child hung (a lock held at the fork stayed held)"),
+        }
+    }
+    stop.store(true, Ordering::Relaxed);
+    churners.into_iter().for_each(|t| t.join().unwrap());
+    println!("parent: ok");
+}

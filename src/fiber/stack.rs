@@ -114,9 +114,53 @@ pub(crate) fn usable_size(requested: usize) -> io::Result<usize> {
     Ok(requested.div_ceil(page) * page)
 }
 
+/// The stack-pool locks the forking thread holds across a `fork`. A `fork` copies only the
+/// forking thread, so a pool lock that another thread (a carrier, the scavenger) held at that
+/// moment would stay locked for ever in the child, whose fresh default runtime takes its stacks
+/// from these same classes. Holding every one of them across the fork (in the lock order
+/// `CLASSES`, then each class's `free`, then its `carver`, which no other path reverses) means
+/// the child starts with all of them free.
+#[cfg(not(loom))]
+struct ForkHold {
+    _classes: std::sync::MutexGuard<'static, Vec<&'static SizeClass>>,
+    _pools: Vec<(std::sync::MutexGuard<'static, Pool>, std::sync::MutexGuard<'static, Carver>)>,
+}
+
+#[cfg(not(loom))]
+thread_local! {
+    static FORK_HOLD: std::cell::RefCell<Option<ForkHold>> = const { std::cell::RefCell::new(None) };
+}
+
+#[cfg(not(loom))]
+extern "C" fn hold_pools_for_fork() {
+    let classes = CLASSES.lock().unwrap_or_else(|e| e.into_inner());
+    let pools = classes
+        .iter()
+        .map(|&c| {
+            let free = c.free.lock().unwrap_or_else(|e| e.into_inner());
+            (free, c.carver.lock().unwrap_or_else(|e| e.into_inner()))
+        })
+        .collect();
+    FORK_HOLD.with(|h| *h.borrow_mut() = Some(ForkHold { _classes: classes, _pools: pools }));
+}
+
+#[cfg(not(loom))]
+extern "C" fn release_pools_after_fork() {
+    FORK_HOLD.with(|h| drop(h.borrow_mut().take()));
+}
+
 impl SizeClass {
     /// The class for `usable` bytes (already rounded by [`usable_size`]).
     pub(crate) fn get(usable: usize) -> &'static SizeClass {
+        #[cfg(not(loom))]
+        {
+            static AROUND_FORK: std::sync::Once = std::sync::Once::new();
+            // SAFETY: in the child, the handler only drops guards of locks this same thread
+            // took in the prepare handler: plain unlocks, no lock held by a vanished thread.
+            AROUND_FORK.call_once(|| unsafe {
+                platform::around_fork(hold_pools_for_fork, release_pools_after_fork, release_pools_after_fork)
+            });
+        }
         let mut classes = CLASSES.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(c) = classes.iter().find(|c| c.usable == usable) {
             return c;

@@ -169,6 +169,18 @@ pub(crate) unsafe fn after_fork_in_child(handler: extern "C" fn()) {
     unsafe { libc::pthread_atfork(None, None, Some(handler)) };
 }
 
+/// Runs `prepare` in the forking thread just before every `fork`, and `parent` and `child` in
+/// that thread on each side just after it.
+///
+/// # Safety
+/// `child` is async-signal-safe as far as the child's state allows (the child of a
+/// multithreaded process has one thread, and only locks the forking thread held are sure to be
+/// free there).
+pub(crate) unsafe fn around_fork(prepare: extern "C" fn(), parent: extern "C" fn(), child: extern "C" fn()) {
+    // SAFETY: the caller's contract.
+    unsafe { libc::pthread_atfork(Some(prepare), Some(parent), Some(child)) };
+}
+
 /// A CPU a carrier can be pinned to.
 pub(crate) type CoreId = core_affinity::CoreId;
 
