@@ -188,13 +188,14 @@ pub(super) unsafe fn clock_nanosleep(
 ) -> c_int {
     match CLOCK_NANOSLEEP.get() {
         Some(f) => {
-            // SAFETY: `f` is libc's `clock_nanosleep`, of this signature.
-            let f: unsafe extern "C" fn(
+            type ClockNanosleep = unsafe extern "C" fn(
                 libc::clockid_t,
                 c_int,
                 *const libc::timespec,
                 *mut libc::timespec,
-            ) -> c_int = unsafe { std::mem::transmute(f) };
+            ) -> c_int;
+            // SAFETY: `f` is libc's `clock_nanosleep`, of this signature.
+            let f: ClockNanosleep = unsafe { std::mem::transmute(f) };
             // SAFETY: the caller vouches for the arguments.
             unsafe { f(clock, flags, req, rem) }
         }
