@@ -282,7 +282,19 @@ pub fn uncancellable<F, T>(f: F) -> T
 where
     F: FnOnce() -> T,
 {
-    let at = Location::caller();
+    shield(Some(Location::caller()), f)
+}
+
+/// Runs `f` as a wait that a stop request must not interrupt (the runtime's waits for work that
+/// borrows the frame: a scope's fibers, a `join`'s other half, a `blocking` closure), so that
+/// it never has to wait during an unwind.
+pub(crate) fn shielded<T>(f: impl FnOnce() -> T) -> T {
+    shield(None, f)
+}
+
+/// Defers stop requests while `f` runs, on a fiber or a plain thread. `at` is the user's
+/// `uncancellable` call that dumps name; the runtime's own shielded waits pass `None`.
+fn shield<T>(at: Option<&'static Location<'static>>, f: impl FnOnce() -> T) -> T {
     let rec = context::current_fiber();
     if rec.is_null() {
         let depth = context::plain_stop().shield;
@@ -299,7 +311,7 @@ where
     // SAFETY: as in `deadline`.
     let rec = unsafe { &*rec };
     let depth = rec.shield.load(Ordering::Relaxed);
-    if depth == 0 {
+    if let (0, Some(at)) = (depth, at) {
         rec.shield_at.store(ptr::from_ref(at).cast_mut(), Ordering::Relaxed);
     }
     rec.shield
@@ -311,38 +323,6 @@ where
             if self.1 == 0 {
                 self.0.shield_at.store(ptr::null_mut(), Ordering::Relaxed);
             }
-        }
-    }
-    let _exit = Exit(rec, depth);
-    f()
-}
-
-/// Runs `f` as a wait that a stop request must not interrupt (the runtime's waits for work that
-/// borrows the frame: a scope's fibers, a `join`'s other half, a `blocking` closure), so that
-/// it never has to wait during an unwind.
-pub(crate) fn shielded<T>(f: impl FnOnce() -> T) -> T {
-    let rec = context::current_fiber();
-    if rec.is_null() {
-        let depth = context::plain_stop().shield;
-        context::set_plain_shield(depth + 1);
-        struct Exit(u32);
-        impl Drop for Exit {
-            fn drop(&mut self) {
-                context::set_plain_shield(self.0);
-            }
-        }
-        let _exit = Exit(depth);
-        return f();
-    }
-    // SAFETY: as in `deadline`.
-    let rec = unsafe { &*rec };
-    let depth = rec.shield.load(Ordering::Relaxed);
-    rec.shield
-        .store(depth.checked_add(1).expect("uncancellable sections nested 65,535 deep"), Ordering::Relaxed);
-    struct Exit<'a>(&'a FiberRecord, u16);
-    impl Drop for Exit<'_> {
-        fn drop(&mut self) {
-            self.0.shield.store(self.1, Ordering::Relaxed);
         }
     }
     let _exit = Exit(rec, depth);
