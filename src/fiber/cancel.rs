@@ -4,8 +4,9 @@
 //! closure and only it (`Elapsed`); `vt::uncancellable` defers both. Level-triggered: the
 //! request stays, so every later switch point in the stopped scope unwinds again.
 //!
-//! The cost off the stop path is one byte (`FiberRecord::stop`) loaded at each park and yield;
-//! everything else is here, behind `stop != 0`. A fiber never starts an unwind while it is
+//! The cost off the stop path is one byte (`FiberRecord::stop`) loaded before each park and
+//! yield; everything else is here, behind `stop != 0`. A parked fiber woken by a cancellation
+//! returns from its park as from a spurious wake-up, and its wait loop's next park stops it. A fiber never starts an unwind while it is
 //! already unwinding (a second panic in a destructor would abort), and the runtime's own waits
 //! that must outlive a frame (`scope`, `join`, `blocking`) wait before the unwind, not during
 //! it. Design, and what a wait during a cancellation unwind does: `arch/decisions/0004-cancellation.md`.
