@@ -89,6 +89,7 @@ impl Runtime {
             crate::scheduler::supervisor::run(sup);
         })?;
         runtime.supervisor = Some(t);
+        crate::scheduler::deadlock::register(&rt);
         if rt.config().dump_on_sigquit {
             crate::scheduler::diagnostics::dump_on_sigquit(&rt)?;
         }

@@ -290,6 +290,7 @@ impl Shared {
     pub(crate) fn stop(&self, supervisor: Option<std::thread::JoinHandle<()>>) {
         let rt = self;
         crate::scheduler::diagnostics::forget_sigquit(rt);
+        crate::scheduler::deadlock::unregister(rt);
         if let Some(t) = supervisor {
             t.thread().unpark();
             let _ = t.join();
