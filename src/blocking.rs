@@ -202,7 +202,7 @@ where
     });
     // SAFETY: `done` was seen with Acquire: the helper stored the result and is done with it.
     let out = unsafe { (*call.out.get()).take() }.expect("a finished blocking call has a result");
-    crate::fiber::cancel::check_cancelled();
+    crate::fiber::stop::check_cancelled();
     match out {
         Ok(v) => v,
         Err(p) => resume_unwind(p),

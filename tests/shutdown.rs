@@ -11,7 +11,7 @@
 
 use std::cell::{Cell, Ref, RefCell};
 use std::panic::{self, AssertUnwindSafe};
-use std::process::{Command, Output};
+use std::process::Output;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::SeqCst};
 use std::sync::{Arc, Mutex, mpsc};
 use std::thread::ThreadId;
@@ -32,22 +32,12 @@ fn child_case() -> Option<String> {
 
 /// Runs `test` again in a child copy of this binary with `VT_SHUTDOWN_CHILD=case`.
 fn run_child(test: &str, case: &str) -> Output {
-    Command::new(std::env::current_exe().unwrap())
-        .args([test, "--exact", "--nocapture", "--test-threads=1"])
-        .env(CHILD, case)
-        .output()
-        .expect("re-exec the test binary")
+    common::rerun_self(test, CHILD, case).output().expect("re-exec the test binary")
 }
 
 /// Asserts that a child copy of the test exited successfully after printing "child: ok".
 fn child_ok(out: &Output) -> String {
-    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
-    assert!(
-        out.status.success() && stdout.contains("child: ok"),
-        "{}\nstdout: {stdout}\nstderr: {stderr}",
-        out.status
-    );
-    stderr.into_owned()
+    common::child_output(out, "child: ok").1
 }
 
 fn rt(carriers: usize) -> vt::Runtime {

@@ -15,10 +15,10 @@ use std::ptr::NonNull;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use super::cancel;
 use super::context;
 use super::handle::Fiber;
 use super::schedule::{RuntimeRef, Schedule};
+use super::stop;
 use super::wait::{PlainCall, WAIT_TIMED, WaitReason, plain_activity};
 use super::{FiberRecord, Suspend};
 
@@ -84,13 +84,13 @@ pub(crate) fn park_for(reason: WaitReason, deadline: Option<Instant>) {
 fn park_thread(reason: WaitReason, deadline: Option<Instant>) {
     let _call = (!reason.waits_for_fibers()).then(PlainCall::enter);
     let stops = !context::plain_stop().deadlines.is_null();
-    let deadline = if stops { cancel::plain_park_deadline(deadline) } else { deadline };
+    let deadline = if stops { stop::plain_park_deadline(deadline) } else { deadline };
     match deadline {
         None => std::thread::park(),
         Some(d) => std::thread::park_timeout(d.saturating_duration_since(Instant::now())),
     }
     if stops {
-        cancel::plain_stop_point();
+        stop::plain_stop_point();
     }
 }
 
@@ -116,7 +116,7 @@ pub(super) fn park_fiber(
 #[cold]
 #[inline(never)]
 fn park_stopping(rec: &FiberRecord, cancelling: bool, reason: WaitReason, deadline: Option<Instant>) -> bool {
-    let deadline = cancel::stop_point_before_park(rec, deadline);
+    let deadline = stop::stop_point_before_park(rec, deadline);
     park_plain(rec, cancelling, reason, deadline)
 }
 
@@ -146,7 +146,7 @@ fn park_plain(rec: &FiberRecord, cancelling: bool, reason: WaitReason, deadline:
     // A timer that a `vt::timeout` scope's deadline set (`stop_point_before_park`) firing means
     // that deadline passed, and the stop point unwinds: `fired` is only ever the caller's own.
     if rec.stop.load(Ordering::Relaxed) != 0 {
-        cancel::stop_point(rec);
+        stop::stop_point(rec);
     }
     fired
 }
@@ -287,7 +287,7 @@ pub fn yield_now() {
     // used before the switch only.
     let rec = unsafe { &*rec };
     if rec.stop.load(Ordering::Relaxed) != 0 {
-        cancel::stop_point(rec);
+        stop::stop_point(rec);
     }
     rec.spawns.set(0);
     rec.suspend(Suspend::Yield);

@@ -332,7 +332,7 @@ fn describe(rt: &Shared, f: &FiberRef, now: u64) -> Option<FiberInfo> {
         state,
         spawned_at: f.spawned_at(),
         for_: Duration::from_nanos(now.saturating_sub(since)),
-        cancelled: f.stop.load(Ordering::Relaxed) & crate::fiber::cancel::CANCEL != 0,
+        cancelled: f.stop.load(Ordering::Relaxed) & crate::fiber::stop_state::CANCEL != 0,
         // SAFETY: `shield_at` is null or a `&'static Location` stored by `uncancellable`.
         uncancellable_at: unsafe { f.shield_at.load(Ordering::Relaxed).as_ref() },
     })
