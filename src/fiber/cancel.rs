@@ -4,13 +4,14 @@
 //! closure and only it (`Elapsed`); `vt::uncancellable` defers both. Level-triggered: the
 //! request stays, so every later switch point in the stopped scope unwinds again.
 //!
-//! The cost off the stop path is one byte (`FiberRecord::stop`) loaded at each park and yield;
-//! everything else is behind `stop != 0`: acting on a request at a switch point is `stop.rs`,
-//! the state it reads `stop_state.rs`, and this file asks for stops. A fiber never starts an
-//! unwind while it is already unwinding (a second panic in a destructor would abort), and the
-//! runtime's own waits that must outlive a frame (`scope`, `join`, `blocking`) wait before the
-//! unwind, not during it. Design, and what a wait during a cancellation unwind does:
-//! `arch/decisions/0004-cancellation.md`.
+//! The cost off the stop path is one byte (`FiberRecord::stop`) loaded before each park and
+//! yield; everything else is behind `stop != 0`: acting on a request at a switch point is
+//! `stop.rs`, the state it reads `stop_state.rs`, and this file asks for stops. A parked fiber
+//! woken by a cancellation returns from its park as from a spurious wake-up, and its wait
+//! loop's next park stops it. A fiber never starts an unwind while it is already unwinding (a
+//! second panic in a destructor would abort), and the runtime's own waits that must outlive a
+//! frame (`scope`, `join`, `blocking`) wait before the unwind, not during it. Design, and what
+//! a wait during a cancellation unwind does: `arch/decisions/0004-cancellation.md`.
 
 use std::fmt;
 use std::panic::{AssertUnwindSafe, Location, catch_unwind, resume_unwind};

@@ -103,8 +103,10 @@ pub(super) fn park_fiber(
     reason: WaitReason,
     deadline: Option<Instant>,
 ) -> bool {
-    // A stop request (`cancel.rs`): a load of a byte on a line the park touches anyway; the
-    // rest is out of line, so the plain park keeps its code.
+    // A stop request (`cancel.rs`): one load of a byte on a line the park touches anyway,
+    // before the switch only. A fiber that a cancellation wakes from this park returns as from
+    // a spurious wake-up: its wait loop re-checks and parks again, and that park stops it. So
+    // nothing is live across the switch for the stop, and the rest is out of line.
     if rec.stop.load(Ordering::Relaxed) != 0 {
         return park_stopping(rec, cancelling, reason, deadline);
     }
@@ -117,7 +119,11 @@ pub(super) fn park_fiber(
 #[inline(never)]
 fn park_stopping(rec: &FiberRecord, cancelling: bool, reason: WaitReason, deadline: Option<Instant>) -> bool {
     let deadline = stop::stop_point_before_park(rec, deadline);
-    park_plain(rec, cancelling, reason, deadline)
+    let fired = park_plain(rec, cancelling, reason, deadline);
+    // A timer that a `vt::timeout` scope's deadline set (above) firing means that deadline
+    // passed, and the stop point unwinds: `fired` is only ever the caller's own.
+    stop::stop_point(rec);
+    fired
 }
 
 #[inline(always)]
@@ -142,13 +148,7 @@ fn park_plain(rec: &FiberRecord, cancelling: bool, reason: WaitReason, deadline:
         park_unwinding(rec, deadline);
         return false;
     }
-    let fired = park_switch(rec, reason, deadline);
-    // A timer that a `vt::timeout` scope's deadline set (`stop_point_before_park`) firing means
-    // that deadline passed, and the stop point unwinds: `fired` is only ever the caller's own.
-    if rec.stop.load(Ordering::Relaxed) != 0 {
-        stop::stop_point(rec);
-    }
-    fired
+    park_switch(rec, reason, deadline)
 }
 
 /// The park's switch: records why, arms the timer, switches out, and disarms. Returns whether

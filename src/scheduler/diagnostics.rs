@@ -77,7 +77,8 @@ pub struct FiberInfo {
     /// Where it was spawned.
     pub spawned_at: &'static Location<'static>,
     /// How long it has been in `state`, at the resolution of the runtime's coarse clock (the
-    /// supervisor interval).
+    /// supervisor interval). For a fiber queued by `yield_now`, since its last run began: a
+    /// yield does not stamp the fiber (`arch/performance.md`, the floor's log).
     pub for_: Duration,
     /// It was asked to stop (`JoinHandle::cancel`, a `CancelHandle`, its scope) and has not
     /// finished yet.
