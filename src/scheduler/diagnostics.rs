@@ -523,6 +523,7 @@ pub(crate) fn install_panic_hook() {
             // SAFETY: the running fiber's record is live while it runs, and its id, name and
             // spawn site are read-only then (see `FiberRecord`'s `Send` argument).
             let rec = unsafe { &*rec };
+            crate::scheduler::carrier::trace_panic(rec.id().as_u64());
             let name = rec.name().map(|n| format!(" {n:?}")).unwrap_or_default();
             let carrier = std::thread::current();
             let carrier = carrier.name().unwrap_or("<unnamed>");

@@ -143,6 +143,7 @@ pub(crate) fn schedule(f: FiberRef, wake: Wake) {
         }
     }
     let rt = f.runtime().clone();
+    rt.trace_wake_remote(&f);
     if matches!(wake, Wake::Unpark | Wake::Joiner) {
         rt.remote.unparks.fetch_add(1, Ordering::Relaxed);
     }
