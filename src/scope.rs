@@ -21,7 +21,7 @@ use crate::fiber::wait::WaitReason;
 use crate::fiber::{cancel, stop};
 use crate::runtime::spawn::Builder;
 
-pub(crate) use crate::fiber::scope_data::{FirstPanic, ScopeData};
+use crate::fiber::scope_data::{FirstPanic, ScopeData};
 
 /// A scope to spawn fibers that may borrow from outside it; see [`scope`].
 pub struct Scope<'scope, 'env: 'scope> {

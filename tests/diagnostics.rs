@@ -293,6 +293,46 @@ fn no_report_for_fibers_a_plain_thread_wakes_later() {
     assert!(!stderr.contains("possible deadlock"), "stderr: {stderr}");
 }
 
+/// A fiber that waits on another runtime (`block_on` on it, a join of its fiber, a channel one
+/// of its fibers feeds) is woken by that runtime, which the waiting fiber's runtime does not
+/// see: no report while that runtime still has work (8 of 8 runs reported, and so aborted under
+/// `VT_DEADLOCK_ABORT`, before).
+#[test]
+fn no_report_for_fibers_that_wait_on_another_runtime() {
+    if std::env::var(CHILD).as_deref() == Ok("cross-runtime") {
+        let quiet = Duration::from_millis(100);
+        let a = vt::Runtime::builder().carriers(1).deadlock_report(Some(quiet)).build().unwrap();
+        let b = vt::Runtime::builder().carriers(1).deadlock_report(Some(quiet)).build().unwrap();
+        let work = Duration::from_millis(800);
+        let hb = b.handle();
+        let v = a.block_on(move || {
+            hb.block_on(move || {
+                vt::sleep(work);
+                1
+            })
+        });
+        assert_eq!(v, 1);
+        let theirs = b.spawn(move || {
+            vt::sleep(work);
+            2
+        });
+        assert_eq!(a.block_on(move || theirs.join().unwrap()), 2);
+        let (tx, rx) = vt::channel::bounded::<u32>(0);
+        let feeder = b.spawn(move || {
+            vt::sleep(work);
+            tx.send(3).unwrap();
+        });
+        assert_eq!(a.block_on(move || rx.recv().unwrap()), 3);
+        feeder.join().unwrap();
+        println!("child done");
+        return;
+    }
+    let (code, signal, stderr) =
+        run_child("no_report_for_fibers_that_wait_on_another_runtime", "cross-runtime");
+    assert_eq!((code, signal), (Some(0), None), "stderr: {stderr}");
+    assert!(!stderr.contains("possible deadlock"), "stderr: {stderr}");
+}
+
 #[test]
 fn cpu_starvation_is_warned_once_per_location() {
     if std::env::var(CHILD).as_deref() == Ok("starve") {

@@ -1,4 +1,4 @@
-//! Fiber dumps, the deadlock report, the CPU-starvation warning, the SIGQUIT dump and the panic
+//! Fiber dumps, the CPU-starvation warning, the SIGQUIT dump and the panic
 //! hook that names the fiber.
 //!
 //! The fiber roots are the runtime's record arena (`scheduler::roots`): every record the
@@ -20,7 +20,7 @@ use crate::fiber::{FiberRef, PARKED, RUNNABLE, RUNNING};
 use crate::platform::signal as sys;
 use crate::scheduler::Shared;
 
-use crate::fiber::wait::{PLAIN_IN_VT, WAIT_TIMED, WaitReason};
+use crate::fiber::wait::{WAIT_TIMED, WaitReason};
 
 /// What a fiber was doing when the dump saw it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -339,66 +339,6 @@ fn describe(rt: &Shared, f: &FiberRef, now: u64) -> Option<FiberInfo> {
     })
 }
 
-/// The supervisor found every carrier idle for the quiet period: decide whether nothing the
-/// runtime knows of can wake any fiber, and report once if so. Returns whether it reported.
-///
-/// What can wake a parked fiber, and how each is ruled out:
-/// - a carrier running or a fiber runnable: every carrier idle, every queue empty, no
-///   switch during the quiet period (the caller checked progress);
-/// - a timer: every timer heap empty (sleeps and timed waits arm one);
-/// - I/O: no fiber parked on a socket (a peer may still write to it);
-/// - a carrier blocked in the OS: none counted as blocked;
-/// - a plain thread inside a `vt` call: `PLAIN_IN_VT` is zero.
-///
-/// What cannot be known: a plain thread outside any `vt` call that holds a `Sender`, a `Fiber`
-/// handle or a lock guard and will use it later. Hence "possible" and the quiet period.
-pub(crate) fn check_deadlock(rt: &Shared) -> bool {
-    if !rt.config.fiber_roots
-        || rt.blocked.load(Ordering::SeqCst) > 0
-        || PLAIN_IN_VT.load(Ordering::SeqCst) > 0
-    {
-        return false;
-    }
-    let started = rt.started();
-    if rt.slots.upto(started).any(|s| {
-        !s.location.load(Ordering::SeqCst).is_null()
-            || s.home_len.load(Ordering::Relaxed) > 0
-            || !s.inbox.is_empty()
-            || !s.stealer.is_empty()
-    }) || !rt.injector.is_empty()
-        || rt.earliest_deadline() != u64::MAX
-    {
-        return false;
-    }
-    let dump = collect(rt);
-    if dump.is_empty()
-        || dump.fibers.iter().any(|f| match f.state {
-            FiberState::Parked { reason, timed } => timed || reason.is_io(),
-            _ => true,
-        })
-    {
-        return false;
-    }
-    // The walk took time: make sure nothing moved meanwhile.
-    if PLAIN_IN_VT.load(Ordering::SeqCst) > 0 || rt.earliest_deadline() != u64::MAX {
-        return false;
-    }
-    eprintln!(
-        "virtual-threads: possible deadlock: all fibers are asleep.\n\
-         Every fiber of this runtime has been parked for at least {} ms, and nothing the runtime \
-         knows of can wake one: no timer, no socket, no carrier or plain thread inside a vt call. \
-         (A plain thread that holds a Sender, a Fiber handle or a lock guard and uses it later \
-         is invisible to the runtime: if that is the case, this report is a false alarm; \
-         runtime::Builder::deadlock_report sets the quiet period or turns the report off.)\n{dump}",
-        rt.config.deadlock_report.unwrap_or_default().as_millis(),
-    );
-    if std::env::var_os("VT_DEADLOCK_ABORT").is_some_and(|v| v != "0") {
-        eprintln!("virtual-threads: VT_DEADLOCK_ABORT is set; aborting");
-        std::process::abort();
-    }
-    true
-}
-
 /// The supervisor caught a fiber computing for ~100 ms without a switch while every carrier is
 /// busy: warn once per spawn location (cats-effect's starvation checker).
 /// `cpu`: the CPU time the carrier's thread got over a window of the stall, if known.
@@ -474,6 +414,16 @@ pub(crate) fn report_runaway(rt: &Shared, active: usize) {
          its carrier, or run the call in vt::blocking. (Reported once.)",
         rt.target,
         rt.config.max_carriers,
+        carrier_sites(rt)
+    );
+}
+
+/// A runtime's drop has waited `waited` for carriers whose fibers do not switch out (blocked
+/// in the OS, or computing): it cannot end before they do. Said once per drop, naming them.
+pub(crate) fn report_drop_waits(rt: &Shared, waited: Duration) {
+    eprintln!(
+        "virtual-threads: dropping a Runtime has waited {} ms for carriers still running a fiber          that does not switch out (blocked in the OS, or computing); it returns once they do.          Their fibers were spawned (or entered vt::blocking): {}. If such a call waits for the          thread that drops the runtime (a std channel, lock or join), it never returns: drop          the runtime from a thread no fiber waits for, or wait with vt's own calls, which park          the fiber.",
+        waited.as_millis(),
         carrier_sites(rt)
     );
 }

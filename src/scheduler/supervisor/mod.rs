@@ -500,7 +500,7 @@ fn sleep_until_work(
                     }
                     if Instant::now() >= until {
                         *checked = Some(before);
-                        crate::scheduler::diagnostics::check_deadlock(rt);
+                        crate::scheduler::deadlock::check_deadlock(rt);
                         break;
                     }
                 }
