@@ -44,10 +44,18 @@
 //!   `rayon::spawn` (fire and forget) from inside the pool (as fast as spawning from outside) and
 //!   a std channel as the signal. W4/W5 need a task that blocks or yields, which rayon lacks.
 //! - std: OS threads, W1–W3 at the same n = 10,000; `std::sync::mpsc` as the signal.
-//! - bare (W5 only): not a runtime but the floor W5's target is stated against, a round-robin
-//!   loop of corosensei coroutines on one thread per core (`w5::bare`). Its ratio is the
-//!   target's "within 15% of a bare loop" (vt ≥ 0.87× bare), measured in the same run; in the
-//!   table, after the peers' interleaved rounds (see `FLOORS`).
+//! - bare (W1 and W5): not a runtime but the floor, corosensei with no scheduler: for W5 a
+//!   round-robin loop of coroutines on one thread per core (`w5::bare`), for W1 spawn-run-drop
+//!   on pooled stacks (`w1::bare`). `bare1` is the same on one thread and `vt1` vt on one
+//!   carrier: the targets are stated as vt1 / bare1 and as vt's speed-up over vt1
+//!   (`floor_table`). Floors run after the peers' interleaved rounds (see `FLOORS`).
+//!
+//! Every table starts and ends with the host's cross-core latency mode (`host_mode`: a
+//! round-trip probe between CPUs 0 and 1): this VM moves between a fast and a slow mode, and
+//! figures from the two are never compared. `WORKLOADS_PARTS=floor` is the short run for the
+//! floor (W1 and W5: vt, vt1, tokio, bare, bare1; about 20 s). `WORKLOADS_PARTS=skew`: the
+//! price of home carriers when the heavy half of 1,000 long-lived tasks started on one carrier
+//! (`skew.rs`).
 
 use std::io::Write;
 use std::process::Command;
@@ -72,12 +80,12 @@ const PARKED: usize = 100_000;
 const SLEEPERS: usize = 10_000;
 const NAP: Duration = Duration::from_millis(10);
 
-/// Rows of the table that are floors rather than peers (W5's `bare` loop): measured after the
+/// Rows of the table that are floors rather than peers (the `bare` loops): measured after the
 /// interleaved rounds of the peers, on their own (warm-up, then the same rounds back to back).
 /// In the rounds, a third entry of any kind, even one that does nothing, moved vt's and tokio's
 /// W5 medians by a third on this VM (vt 35 → 20–24 ops/s, tokio 21 → 19–26), after W1 had run;
 /// the peers' rotation stays as it was.
-const FLOORS: &[&str] = &["bare"];
+const FLOORS: &[&str] = &["bare", "bare1"];
 
 /// Timed rounds of the table (WORKLOADS.md asks for at least 10; std's slow ops keep it near
 /// that), each runtime's warm-up before them, the pause after each op (see `settle`), and W6's
@@ -105,8 +113,13 @@ struct Peers {
     vt_unpinned: vt::Runtime,
     tokio: tokio::runtime::Runtime,
     rayon: rayon::ThreadPool,
-    /// W5's `bare` floor: each thread's coroutine stacks, carved once (see `w5::bare`).
+    /// vt with one carrier: the `vt1` row, beside `bare1`, and the base of the 2-carrier
+    /// speed-up (`floor_table`).
+    vt1: vt::Runtime,
+    /// The `bare` floors' coroutine stacks, carved once (see `w5::bare`), as vt's come from its
+    /// pool: per thread, its share of W5's t coroutines, for `cores` threads and for one.
     bare_stacks: Vec<Mutex<Vec<corosensei::stack::DefaultStack>>>,
+    bare1_stacks: Vec<Mutex<Vec<corosensei::stack::DefaultStack>>>,
 }
 
 type Op = fn(&Peers);
@@ -127,11 +140,11 @@ macro_rules! ops {
 
 #[rustfmt::skip]
 const SUITE: &[Workload] = &[
-    Workload { id: "W1_fork_join", size: "n = 10,000", ops: ops!(w1: vt, migrate, unpinned, tokio, may, rayon, std) },
+    Workload { id: "W1_fork_join", size: "n = 10,000", ops: ops!(w1: vt, vt1, migrate, unpinned, tokio, may, rayon, std, bare, bare1) },
     Workload { id: "W2_fork_many", size: "n = 10,000", ops: ops!(w2: vt, migrate, unpinned, tokio, may, rayon, std) },
     Workload { id: "W3_chained_fork", size: "n = 10,000", ops: ops!(w3: vt, migrate, unpinned, tokio, may, rayon, std) },
     Workload { id: "W4_ping_pong", size: "r = 10,000", ops: ops!(w4: vt, migrate, unpinned, tokio, may) },
-    Workload { id: "W5_yield_many", size: "t = y = 1,000", ops: ops!(w5: vt, migrate, unpinned, tokio, may, bare) },
+    Workload { id: "W5_yield_many", size: "t = y = 1,000", ops: ops!(w5: vt, vt1, migrate, unpinned, tokio, may, bare, bare1) },
 ];
 
 impl Workload {
@@ -158,12 +171,23 @@ fn main() {
         return; // `cargo test --benches`: criterion ran each op once; that is the smoke test
     }
     if args.part("table") {
-        print_table(&peers, &args);
+        print_table(&peers, &args, SUITE.iter().filter(|w| args.wants(w.id, &w.runtimes())));
+    }
+    if args.part("floor") {
+        // W1 and W5 only, with the floor's rows unless `WORKLOADS_RUNTIMES` says otherwise.
+        let args = Args { runtimes: args.runtimes.clone().or(Some(floor_runtimes())), ..args.clone() };
+        let suite =
+            SUITE.iter().filter(|w| FLOOR_WORKLOADS.contains(&w.id) && args.wants(w.id, &w.runtimes()));
+        print_table(&peers, &args, suite);
+    }
+    if args.part("skew") && args.wants("skew", &["vt", "tokio"]) {
+        skew::report(&peers);
     }
     if args.part("w6") && args.wants("W6_parked_memory", &["vt", "tokio"]) {
         w6::report();
     }
     if args.part("w7") && args.wants("W7_sleep_many", &["vt", "tokio"]) {
+        println!("\nW7: {}", host_mode());
         w7::report(&peers);
     }
     peers.report_floats();
@@ -201,15 +225,22 @@ impl Peers {
                 .expect("vt runtime"),
             tokio: tokio_runtime(cores),
             rayon: rayon::ThreadPoolBuilder::new().num_threads(cores).build().expect("rayon pool"),
-            bare_stacks: (0..cores)
-                .map(|i| {
-                    let n = YIELDERS / cores + usize::from(i < YIELDERS % cores);
-                    let stack = || corosensei::stack::DefaultStack::new(64 * 1024).expect("a bare stack");
-                    Mutex::new((0..n).map(|_| stack()).collect())
-                })
-                .collect(),
+            vt1: vt::Runtime::builder().carriers(1).build().expect("vt runtime"),
+            bare_stacks: bare_stacks(cores),
+            bare1_stacks: bare_stacks(1),
         }
     }
+}
+
+/// W5's t coroutine stacks, split over `threads` threads.
+fn bare_stacks(threads: usize) -> Vec<Mutex<Vec<corosensei::stack::DefaultStack>>> {
+    (0..threads)
+        .map(|i| {
+            let n = YIELDERS / threads + usize::from(i < YIELDERS % threads);
+            let stack = || corosensei::stack::DefaultStack::new(64 * 1024).expect("a bare stack");
+            Mutex::new((0..n).map(|_| stack()).collect())
+        })
+        .collect()
 }
 
 fn cores() -> usize {
@@ -243,6 +274,42 @@ mod w1 {
     /// The same op with carriers never pinned.
     pub fn unpinned(p: &Peers) {
         on(&p.vt_unpinned);
+    }
+
+    /// The same op on one carrier.
+    pub fn vt1(p: &Peers) {
+        on(&p.vt1);
+    }
+
+    /// The floor of a fiber's life, with no scheduler: corosensei's spawn-run-drop on pooled
+    /// stacks, each thread doing its share of the n tasks: a stack from the thread's pool, a
+    /// coroutine on it, one resume to its return, the stack back to the pool. One thread per
+    /// core: rayon's threads, through `broadcast` (a few µs to wake them, as vt's op wakes its
+    /// carriers; starting threads per op would cost a third of the op).
+    pub fn bare(p: &Peers) {
+        let parts = p.rayon.broadcast(|ctx| bare_part(&p.bare_stacks, ctx.index()));
+        check_sum(parts.into_iter().sum());
+    }
+
+    /// The same floor on the calling thread.
+    pub fn bare1(p: &Peers) {
+        check_sum(bare_part(&p.bare1_stacks, 0));
+    }
+
+    fn bare_part(pools: &[Mutex<Vec<corosensei::stack::DefaultStack>>], thread: usize) -> u64 {
+        use corosensei::{Coroutine, CoroutineResult};
+        let mut pool = pools[thread].lock().unwrap();
+        let mut sum = 0;
+        for i in (thread..N).step_by(pools.len()) {
+            let stack = pool.pop().expect("a pooled stack");
+            let mut co = Coroutine::with_stack(stack, move |_, ()| i as u64);
+            match co.resume(()) {
+                CoroutineResult::Return(v) => sum += v,
+                CoroutineResult::Yield(()) => unreachable!("W1's tasks do not yield"),
+            }
+            pool.push(co.into_stack());
+        }
+        sum
     }
 
     fn on(rt: &vt::Runtime) {
@@ -595,14 +662,28 @@ mod w5 {
         tasks.into_iter().for_each(|t| t.join().unwrap());
     }
 
+    /// The same op on one carrier.
+    pub fn vt1(p: &Peers) {
+        on(&p.vt1);
+    }
+
     /// The floor W5's target is stated against: no scheduler, just corosensei. One thread per
     /// core, each resuming its share of the t coroutines round-robin until all have yielded y
     /// times (stacks carved once, in `Peers::new`, as vt's come from its pool). The threads are
     /// started per op, about 50 µs of a 20 ms op.
     pub fn bare(p: &Peers) {
+        bare_on(&p.bare_stacks);
+    }
+
+    /// The same floor on one thread.
+    pub fn bare1(p: &Peers) {
+        bare_on(&p.bare1_stacks);
+    }
+
+    fn bare_on(pools: &[Mutex<Vec<corosensei::stack::DefaultStack>>]) {
         use corosensei::{Coroutine, CoroutineResult, Yielder};
         std::thread::scope(|s| {
-            for stacks in &p.bare_stacks {
+            for stacks in pools {
                 s.spawn(move || {
                     let mut stacks = stacks.lock().unwrap();
                     let mut tasks: Vec<_> = stacks
@@ -628,6 +709,9 @@ mod w5 {
         });
     }
 }
+
+#[path = "workloads/skew.rs"]
+mod skew;
 
 mod w6 {
     //! W6 parked_memory: spawn n tasks that each wait on one shared gate (a write-locked
@@ -954,17 +1038,34 @@ fn criterion_group(c: &mut Criterion, p: &Peers, ops: &[(&'static str, Op)], id:
     group.finish();
 }
 
-/// Prints the table of medians (ops/s) with min and max, and this runtime's speed-up on each.
-fn print_table(p: &Peers, args: &Args) {
+/// The workloads and rows of the `floor` part (`WORKLOADS_PARTS=floor`): W1 and W5 for vt on
+/// all cores and on one carrier, tokio, and corosensei's bare loops on all cores and on one
+/// thread; its table ends with `floor_table`.
+const FLOOR_WORKLOADS: &[&str] = &["W1_fork_join", "W5_yield_many"];
+
+fn floor_runtimes() -> Vec<String> {
+    ["vt1", "tokio", "bare", "bare1"].map(String::from).to_vec()
+}
+
+/// Prints the table of medians (ops/s) with min and max, and this runtime's speed-up on each;
+/// then, for W1 and W5 where the `vt1` and `bare1` rows ran, `floor_table`.
+fn print_table<'a>(p: &Peers, args: &Args, suite: impl Iterator<Item = &'a Workload>) {
+    let mode = host_mode();
     let machine = cpu_model();
     println!("\nWorkloads W1–W5: ops/s, median of {} interleaved rounds after warm-up (min – max)", rounds());
-    println!("machine: {machine}, {} cores; every runtime has {} workers\n", cores(), cores());
+    println!(
+        "machine: {machine}, {} cores; every runtime has {} workers but the rows `vt1` and `bare1` (one)",
+        cores(),
+        cores()
+    );
+    println!("{mode}\n");
     println!(
         "{:<16} {:<14} {:<7} {:>9}  {:>21}  {:>11}",
         "workload", "size", "runtime", "ops/s", "min – max", "vt speed-up"
     );
     let mut summary = Vec::new();
-    for w in SUITE.iter().filter(|w| args.wants(w.id, &w.runtimes())) {
+    let mut medians: Vec<(&str, Vec<(&str, f64)>)> = Vec::new();
+    for w in suite {
         // Peers in the interleaved rounds, floors after them (see `FLOORS`).
         let (floors, mut ops): (Vec<_>, Vec<_>) =
             args.ops(w).into_iter().partition(|(r, _)| FLOORS.contains(r));
@@ -978,6 +1079,7 @@ fn print_table(p: &Peers, args: &Args) {
             .map(|t| Stats::of(t.iter().map(|t| 1.0 / t.as_secs_f64()).collect()))
             .collect();
         let vt = rates[0].median;
+        medians.push((w.id, ops.iter().zip(&rates).map(|((r, _), s)| (*r, s.median)).collect()));
         let name = w.id.replacen('_', " ", 1);
         let mut line = format!("{name:<16} vt {} ops/s", num(vt));
         for (i, ((runtime, _), r)) in ops.iter().zip(&rates).enumerate() {
@@ -993,7 +1095,162 @@ fn print_table(p: &Peers, args: &Args) {
     }
     println!("\nSummary (medians, ops/s; \"vt = 4.0x\" means this runtime is 4 times faster):");
     summary.iter().for_each(|line| println!("{line}"));
+    floor_table(&medians);
+    let after = host_mode();
+    println!("\nbefore the table: {mode}\nafter the table:  {after}");
+    if after.fast != mode.fast {
+        println!("note: the host changed latency mode during the table: its figures mix the two modes");
+    }
     std::io::stdout().flush().ok();
+}
+
+/// The floor: time per fiber (W1: spawn, run, join) and per yield (W5) for corosensei's bare
+/// loops and vt, on one carrier and on all, with the ratios the targets are stated in
+/// (`arch/performance.md`, "The floor"): vt1 / bare1 (W5 at most 2x, W1 at most 3x) and the
+/// speed-up of all carriers over one (W5 at least 1.8x, W1 at least 1.6x on 2 cores).
+fn floor_table(medians: &[(&str, Vec<(&str, f64)>)]) {
+    let rows: Vec<_> = medians
+        .iter()
+        .filter_map(|(id, rates)| {
+            let per_op = match *id {
+                "W1_fork_join" => N as f64,
+                "W5_yield_many" => (YIELDERS * YIELDS) as f64,
+                _ => return None,
+            };
+            let ns =
+                |runtime: &str| rates.iter().find(|(r, _)| *r == runtime).map(|(_, ops)| 1e9 / ops / per_op);
+            Some((*id, ns("bare1")?, ns("vt1")?, ns("bare"), ns("vt")?))
+        })
+        .collect();
+    if rows.is_empty() {
+        return;
+    }
+    let unit = |id: &str| if id.starts_with("W1") { "per fiber" } else { "per yield" };
+    println!(
+        "\nThe floor: ns {{per fiber (W1), per yield (W5)}}, medians; 1 = one carrier or thread, {} = all",
+        cores()
+    );
+    println!(
+        "{:<16} {:>9} {:>9} {:>9} {:>10} {:>9} {:>9} {:>11}",
+        "workload", "", "bare1", "vt1", "vt1/bare1", "bare", "vt", "vt speed-up"
+    );
+    for (id, bare1, vt1, bare, vt) in rows {
+        let bare = bare.map_or("-".to_string(), |b| format!("{b:.1}"));
+        println!(
+            "{:<16} {:>9} {bare1:>9.1} {vt1:>9.1} {:>10} {bare:>9} {vt:>9.1} {:>11}",
+            id.replacen('_', " ", 1),
+            unit(id),
+            times(vt1 / bare1),
+            times(vt1 / vt),
+        );
+    }
+}
+
+/// The host's cross-core latency mode. On the project's 2-vCPU guest a cache-line round trip
+/// between the two CPUs reads 38–95 ns in some minutes and 334–391 ns in others, and every
+/// figure that moves data between carriers moves with it: tables from the two modes are never
+/// compared, so each report says which it ran in.
+struct HostMode {
+    round_trip_ns: Option<f64>,
+    fast: bool,
+}
+
+impl std::fmt::Display for HostMode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
+        let load = load.split_whitespace().take(3).collect::<Vec<_>>().join(" ");
+        match self.round_trip_ns {
+            None => write!(f, "host mode: one CPU, no cross-core probe; load average {load}"),
+            Some(ns) => write!(
+                f,
+                "host mode: cross-core round trip {ns:.0} ns, {} mode (fast 38–95 ns, slow 334–391 ns on the project's machine); load average {load}",
+                if self.fast { "fast" } else { "slow" },
+            ),
+        }
+    }
+}
+
+/// Measures the cross-core round trip: two threads pinned to CPUs 0 and 1 bounce a cache line
+/// (an atomic counter each increments in turn) 1,000 times per batch, 21 batches; the median
+/// batch's time per round trip. Under 200 ns is the fast mode. About 10 ms.
+fn host_mode() -> HostMode {
+    use std::sync::atomic::AtomicU64;
+    const BATCH: u64 = 1_000;
+    const BATCHES: usize = 21;
+    let cpus = pinnable_cpus();
+    if cpus.len() < 2 {
+        return HostMode { round_trip_ns: None, fast: true };
+    }
+    let line = AtomicU64::new(0);
+    let mask = affinity();
+    let times = std::thread::scope(|s| {
+        s.spawn(|| {
+            pin_to(cpus[1]);
+            // Answers each odd value with the next even one until the last batch's last.
+            let last = 2 * BATCH * BATCHES as u64;
+            let mut seen = 0;
+            while seen < last {
+                let v = line.load(Ordering::Acquire);
+                if v % 2 == 1 && v > seen {
+                    line.store(v + 1, Ordering::Release);
+                    seen = v + 1;
+                }
+                std::hint::spin_loop();
+            }
+        });
+        pin_to(cpus[0]);
+        let mut times = Vec::with_capacity(BATCHES);
+        let mut v = 0;
+        for _ in 0..BATCHES {
+            let start = Instant::now();
+            for _ in 0..BATCH {
+                line.store(v + 1, Ordering::Release);
+                while line.load(Ordering::Acquire) != v + 2 {
+                    std::hint::spin_loop();
+                }
+                v += 2;
+            }
+            times.push(start.elapsed().as_nanos() as f64 / BATCH as f64);
+        }
+        if let Some(mask) = &mask {
+            set_affinity(mask); // the bench's main thread runs where it ran before
+        }
+        times
+    });
+    let ns = Stats::of(times).median;
+    HostMode { round_trip_ns: Some(ns), fast: ns < 200.0 }
+}
+
+/// The calling thread's CPU mask.
+fn affinity() -> Option<libc::cpu_set_t> {
+    // SAFETY: `set` is a plain bitmask the call fills; its size is passed with it.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        (libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) == 0).then_some(set)
+    }
+}
+
+fn set_affinity(set: &libc::cpu_set_t) {
+    // SAFETY: `set` is a valid mask of the size passed.
+    unsafe { libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), set) };
+}
+
+/// The CPUs this thread may run on.
+fn pinnable_cpus() -> Vec<usize> {
+    let Some(set) = affinity() else { return Vec::new() };
+    // SAFETY: reads a bit of a valid mask.
+    (0..libc::CPU_SETSIZE as usize).filter(|&c| unsafe { libc::CPU_ISSET(c, &set) }).collect()
+}
+
+/// Pins the calling thread to one CPU (the probe's threads only).
+fn pin_to(cpu: usize) {
+    // SAFETY: a zeroed `cpu_set_t` is an empty mask; `CPU_SET` sets a bit within it.
+    let set = unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(cpu, &mut set);
+        set
+    };
+    set_affinity(&set);
 }
 
 /// Formats a number with thousands separators, or with one decimal below 10.
@@ -1028,14 +1285,16 @@ fn cpu_model() -> String {
 }
 
 /// The command line as far as this file needs it; criterion parses the rest.
+#[derive(Clone)]
 struct Args {
     /// `cargo bench` (not `cargo test --benches`, not `--list`).
     bench: bool,
     filter: Option<String>,
     /// `WORKLOADS_RUNTIMES=vt,tokio`: only these runtimes (vt always runs: the ratios are to it).
     runtimes: Option<Vec<String>>,
-    /// `WORKLOADS_PARTS=table,w7`: only these parts of the run (`criterion`, `table`, `w6`,
-    /// `w7`), for a short run such as the 16-core scaling script (`.ci/scaling`).
+    /// `WORKLOADS_PARTS=table,w7`: only these parts of the run (`criterion`, `table`, `floor`,
+    /// `w6`, `w7`, `skew`), for a short run such as the 16-core scaling script (`.ci/scaling`).
+    /// `floor` and `skew` are not run unless named.
     parts: Option<Vec<String>>,
 }
 
@@ -1068,7 +1327,10 @@ impl Args {
 
     /// Whether this part of the run is wanted (all are, unless `WORKLOADS_PARTS` says).
     fn part(&self, part: &str) -> bool {
-        self.parts.as_ref().is_none_or(|p| p.iter().any(|x| x == part))
+        match &self.parts {
+            Some(parts) => parts.iter().any(|x| x == part),
+            None => part != "floor" && part != "skew",
+        }
     }
 
     /// The runtimes of a workload this run measures, vt first.

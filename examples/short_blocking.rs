@@ -20,6 +20,8 @@ use virtual_threads as vt;
 
 #[path = "common/args.rs"]
 mod args;
+#[path = "common/bench.rs"]
+mod bench;
 
 /// 10,000 fibers × one short OS sleep each, on their own runtime.
 fn fibers(n: usize, carriers: usize, block: Duration) -> (Duration, usize) {
@@ -86,11 +88,6 @@ fn std_pool(size: usize, jobs: usize, block: Duration) -> Duration {
     start.elapsed()
 }
 
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
-}
-
 fn main() {
     let a = args::parse(
         "short_blocking",
@@ -128,8 +125,8 @@ fn main() {
         "{jobs} jobs x {} ms OS blocking: vt::ThreadPool::new({size}) {:.0} ms, {size} std threads {:.0} ms \
          (medians of {rounds} alternated rounds); vt/std {:.2}x",
         block.as_millis(),
-        median(vts) * 1e3,
-        median(stds) * 1e3,
-        median(ratios)
+        bench::spread(vts).median * 1e3,
+        bench::spread(stds).median * 1e3,
+        bench::spread(ratios).median
     );
 }

@@ -67,6 +67,8 @@ struct Call<F, T> {
     out: UnsafeCell<Option<std::thread::Result<T>>>,
     done: AtomicBool,
     waiter: Fiber,
+    /// The waiter's runtime (its `Shared`), for `shutdown::running_call_of`.
+    rt: *const (),
 }
 
 /// Runs the call at `data` on the helper thread.
@@ -79,7 +81,7 @@ unsafe fn run_call<F: FnOnce() -> T, T>(data: *const ()) {
     let call = unsafe { &*data.cast::<Call<F, T>>() };
     // SAFETY: the owner does not touch `f` or `out` until `done`, and this runs once.
     let f = unsafe { (*call.f.get()).take() }.expect("a blocking call runs once");
-    let r = catch_unwind(AssertUnwindSafe(f));
+    let r = crate::scheduler::shutdown::running_call_of(call.rt, || catch_unwind(AssertUnwindSafe(f)));
     // SAFETY: as above.
     unsafe { *call.out.get() = Some(r) };
     // After the store of `done` the owner may free `call`: take what the wake-up needs first.
@@ -176,6 +178,8 @@ where
         out: UnsafeCell::new(None),
         done: AtomicBool::new(false),
         waiter: crate::fiber::handle::current(),
+        // SAFETY: `c` is non-null: this thread's live carrier.
+        rt: std::ptr::from_ref(unsafe { (*c).shared() }).cast(),
     };
     if submit(Task { run: run_call::<F, T>, data: (&raw const call).cast() }).is_err() {
         // Every helper is busy, or none could be started (out of threads): block this carrier
@@ -198,7 +202,7 @@ where
     });
     // SAFETY: `done` was seen with Acquire: the helper stored the result and is done with it.
     let out = unsafe { (*call.out.get()).take() }.expect("a finished blocking call has a result");
-    crate::fiber::cancel::check_cancelled();
+    crate::fiber::stop::check_cancelled();
     match out {
         Ok(v) => v,
         Err(p) => resume_unwind(p),

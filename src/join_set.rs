@@ -11,7 +11,8 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::thread;
 
 use crate::channel::{self, Receiver, Sender};
-use crate::fiber::cancel::{CancelHandle, Cancelled};
+use crate::fiber::cancel::CancelHandle;
+use crate::fiber::stop::Cancelled;
 
 type Done<T> = (usize, thread::Result<T>);
 

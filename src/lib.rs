@@ -124,9 +124,7 @@ pub mod sync;
 mod task_scope;
 
 pub use blocking::blocking;
-pub use fiber::cancel::{
-    CancelHandle, Cancelled, Elapsed, check_cancelled, deadline, is_cancelled, timeout, uncancellable,
-};
+pub use fiber::cancel::{CancelHandle, Elapsed, deadline, timeout, uncancellable};
 pub use fiber::compact::no_compaction;
 pub use fiber::handle::{Fiber, current};
 pub use fiber::id::FiberId;
@@ -135,6 +133,7 @@ pub use fiber::local::LocalKey;
 pub use fiber::park::{park, park_timeout, yield_now};
 pub use fiber::sleep::{sleep, sleep_until};
 pub use fiber::stack::{DEFAULT_STACK_SIZE, MAX_STACK_SIZE, MIN_STACK_SIZE};
+pub use fiber::stop::{Cancelled, check_cancelled, is_cancelled};
 pub use fiber::wait::WaitReason;
 pub use join_set::JoinSet;
 pub use pool::{PoolScope, ThreadPool, ThreadPoolBuilder};

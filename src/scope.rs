@@ -12,16 +12,16 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use crate::fiber::NO_HOME;
-use crate::fiber::cancel;
 use crate::fiber::compact::Lent;
 use crate::fiber::context;
 use crate::fiber::handle::{Fiber, current};
 use crate::fiber::join::JoinHandle;
 use crate::fiber::park::{WaitOnUnwind, finished};
 use crate::fiber::wait::WaitReason;
+use crate::fiber::{cancel, stop};
 use crate::runtime::spawn::Builder;
 
-pub(crate) use crate::fiber::scope_data::{FirstPanic, ScopeData};
+use crate::fiber::scope_data::{FirstPanic, ScopeData};
 
 /// A scope to spawn fibers that may borrow from outside it; see [`scope`].
 pub struct Scope<'scope, 'env: 'scope> {
@@ -95,7 +95,7 @@ where
         || scope.cancel(),
     );
     if result.is_ok() {
-        cancel::check_cancelled();
+        stop::check_cancelled();
     }
     match result {
         Err(e) => resume_unwind(e),
@@ -250,7 +250,7 @@ where
     let rb = cancel::shielded(|| hb.join());
     wait.disarm();
     if ra.is_ok() {
-        cancel::check_cancelled();
+        stop::check_cancelled();
     }
     match (ra, rb) {
         (Ok(ra), Ok(rb)) => (ra, rb),

@@ -10,12 +10,13 @@
 //! on the supervisor's clock, and there is nothing else to wait on.
 
 use std::os::unix::process::ExitStatusExt;
-use std::process::Command;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 
 use virtual_threads as vt;
+
+mod common;
 
 const CHILD: &str = "VT_COMPACTION_TEST_CHILD";
 
@@ -436,9 +437,7 @@ fn sleeping_fibers_are_compacted_and_woken_by_their_timers() {
 /// Runs `test` of this binary in a child process with `case` and `env`; returns its exit
 /// status and stderr.
 fn run_child(test: &str, case: &str, env: &[(&str, &str)]) -> (std::process::ExitStatus, String) {
-    let out = Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", test, "--nocapture", "--test-threads=1"])
-        .env(CHILD, case)
+    let out = common::rerun_self(test, CHILD, case)
         .envs(env.iter().copied())
         .output()
         .expect("re-exec the test binary");

@@ -12,6 +12,8 @@ use std::time::{Duration, Instant};
 use virtual_threads as vt;
 use vt::{FiberDump, FiberState, WaitReason};
 
+mod common;
+
 const CHILD: &str = "VT_DIAG_TEST_CHILD";
 
 /// Polls the dump until `cond` holds (a generous 30 s bound: the fibers get there on their own).
@@ -202,9 +204,7 @@ fn fiber_roots_off_gives_an_empty_dump_that_says_why() {
 
 /// Runs `case` in a child copy of this test binary; returns (exit code, signal, stderr).
 fn run_child(test: &str, case: &str) -> (Option<i32>, Option<i32>, String) {
-    let out = Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", test, "--nocapture", "--test-threads=1"])
-        .env(CHILD, case)
+    let out = common::rerun_self(test, CHILD, case)
         .env("VT_DEADLOCK_ABORT", "1")
         .output()
         .expect("re-exec the test binary");
@@ -289,6 +289,46 @@ fn no_report_for_fibers_a_plain_thread_wakes_later() {
         return;
     }
     let (code, signal, stderr) = run_child("no_report_for_fibers_a_plain_thread_wakes_later", "woken-later");
+    assert_eq!((code, signal), (Some(0), None), "stderr: {stderr}");
+    assert!(!stderr.contains("possible deadlock"), "stderr: {stderr}");
+}
+
+/// A fiber that waits on another runtime (`block_on` on it, a join of its fiber, a channel one
+/// of its fibers feeds) is woken by that runtime, which the waiting fiber's runtime does not
+/// see: no report while that runtime still has work (8 of 8 runs reported, and so aborted under
+/// `VT_DEADLOCK_ABORT`, before).
+#[test]
+fn no_report_for_fibers_that_wait_on_another_runtime() {
+    if std::env::var(CHILD).as_deref() == Ok("cross-runtime") {
+        let quiet = Duration::from_millis(100);
+        let a = vt::Runtime::builder().carriers(1).deadlock_report(Some(quiet)).build().unwrap();
+        let b = vt::Runtime::builder().carriers(1).deadlock_report(Some(quiet)).build().unwrap();
+        let work = Duration::from_millis(800);
+        let hb = b.handle();
+        let v = a.block_on(move || {
+            hb.block_on(move || {
+                vt::sleep(work);
+                1
+            })
+        });
+        assert_eq!(v, 1);
+        let theirs = b.spawn(move || {
+            vt::sleep(work);
+            2
+        });
+        assert_eq!(a.block_on(move || theirs.join().unwrap()), 2);
+        let (tx, rx) = vt::channel::bounded::<u32>(0);
+        let feeder = b.spawn(move || {
+            vt::sleep(work);
+            tx.send(3).unwrap();
+        });
+        assert_eq!(a.block_on(move || rx.recv().unwrap()), 3);
+        feeder.join().unwrap();
+        println!("child done");
+        return;
+    }
+    let (code, signal, stderr) =
+        run_child("no_report_for_fibers_that_wait_on_another_runtime", "cross-runtime");
     assert_eq!((code, signal), (Some(0), None), "stderr: {stderr}");
     assert!(!stderr.contains("possible deadlock"), "stderr: {stderr}");
 }
@@ -444,9 +484,7 @@ fn a_panic_with_stderr_closed_still_unwinds() {
         return;
     }
     let test = "a_panic_with_stderr_closed_still_unwinds";
-    let mut child = Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", test, "--nocapture", "--test-threads=1"])
-        .env(CHILD, "closed-stderr")
+    let mut child = common::rerun_self(test, CHILD, "closed-stderr")
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
         .spawn()
@@ -498,9 +536,7 @@ fn vt_dump_on_sigquit_turns_the_default_runtimes_dump_on() {
 /// Runs `test` as `case` in a child with `envs`, waits for it to print "ready", sends it SIGQUIT
 /// and returns its stderr once it shows a fiber parked on a channel (or after 30 s).
 fn dump_on_sigquit_of_child(test: &str, case: &str, envs: &[(&str, &str)]) -> String {
-    let mut child = Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", test, "--nocapture", "--test-threads=1"])
-        .env(CHILD, case)
+    let mut child = common::rerun_self(test, CHILD, case)
         .envs(envs.iter().copied())
         .env("VT_DEADLOCK_ABORT", "0")
         .stdout(Stdio::piped())

@@ -19,7 +19,7 @@
 use std::io::{self, Read, Write};
 use std::os::unix::process::ExitStatusExt;
 use std::panic::{self, AssertUnwindSafe};
-use std::process::{Command, Output};
+use std::process::Output;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::SeqCst};
 use std::sync::{Arc, PoisonError, mpsc};
 use std::time::{Duration, Instant};
@@ -45,11 +45,7 @@ fn child_case() -> Option<String> {
 
 /// Runs `test` again in a child copy of this binary with `VT_FAULTS_CHILD=case`.
 fn run_child(test: &str, case: &str) -> Output {
-    Command::new(std::env::current_exe().unwrap())
-        .args([test, "--exact", "--nocapture", "--test-threads=1", "--include-ignored"])
-        .env(CHILD, case)
-        .output()
-        .expect("re-exec the test binary")
+    common::rerun_self(test, CHILD, case).arg("--include-ignored").output().expect("re-exec the test binary")
 }
 
 fn text(b: &[u8]) -> String {
@@ -59,13 +55,7 @@ fn text(b: &[u8]) -> String {
 /// Asserts that a child copy of the test exited successfully after printing "child: ok", and
 /// returns its stdout.
 fn child_ok(out: &Output) -> String {
-    let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
-    assert!(
-        out.status.success() && stdout.contains("child: ok"),
-        "{}\nstdout: {stdout}\nstderr: {stderr}",
-        out.status
-    );
-    stdout
+    common::child_output(out, "child: ok").0
 }
 
 /// Polls `cond` (with a generous bound) for a state that has no event to wait on.
@@ -570,9 +560,7 @@ fn running_out_of_memory_mappings_is_an_io_error_naming_vm_max_map_count() {
         println!("child: ok");
         return;
     }
-    let out = Command::new(std::env::current_exe().unwrap())
-        .args([TEST, "--exact", "--nocapture", "--test-threads=1"])
-        .env(CHILD, "map-count")
+    let out = common::rerun_self(TEST, CHILD, "map-count")
         .env("VT_STACK_GUARD", "mprotect")
         .output()
         .expect("re-exec the test binary");

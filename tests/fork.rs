@@ -9,7 +9,6 @@
 
 use std::io::{Read, Write};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
-use std::process::Command;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;
@@ -18,6 +17,8 @@ use std::time::{Duration, Instant};
 use virtual_threads as vt;
 use vt::net::TcpStream;
 
+mod common;
+
 const CHILD: &str = "VT_FORK_CHILD";
 /// How long any one step may take before it counts as lost (generous: CI is a loaded machine).
 const STEP: Duration = Duration::from_secs(20);
@@ -25,6 +26,13 @@ const STEP: Duration = Duration::from_secs(20);
 /// What the forked child reports through its exit status.
 const CHILD_SAME_THREAD: i32 = 11;
 const CHILD_PANICKED: i32 = 101;
+
+/// Runs `test` as `case` in a copy of this binary, which forks, and checks that it (the fork's
+/// parent) finished its part ("parent: ok").
+fn in_child_process(test: &str, case: &str) {
+    let out = common::rerun_self(test, CHILD, case).output().expect("re-exec the test binary");
+    common::child_output(&out, "parent: ok");
+}
 
 /// Waits for the child `pid` up to `limit`; kills it and returns `None` if it is still running.
 fn wait_child(pid: libc::pid_t, limit: Duration) -> Option<i32> {
@@ -72,18 +80,7 @@ fn closed(r: &OwnedFd) -> bool {
 #[test]
 fn fork_from_a_fiber_leaves_the_parent_running_and_the_child_on_a_fresh_runtime() {
     if std::env::var(CHILD).is_err() {
-        let out = Command::new(std::env::current_exe().unwrap())
-            .args(["fork_from_a_fiber_leaves_the_parent_running_and_the_child_on_a_fresh_runtime", "--exact"])
-            .args(["--nocapture", "--test-threads=1"])
-            .env(CHILD, "1")
-            .output()
-            .expect("re-exec the test binary");
-        let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
-        assert!(
-            out.status.success() && stdout.contains("parent: ok"),
-            "{}\nstdout: {stdout}\nstderr: {stderr}",
-            out.status
-        );
+        in_child_process("fork_from_a_fiber_leaves_the_parent_running_and_the_child_on_a_fresh_runtime", "1");
         return;
     }
     let rt = vt::Runtime::builder().carriers(1).dump_on_sigquit(true).build().unwrap();
@@ -185,17 +182,7 @@ fn a_fork_while_other_threads_churn_the_stack_pools_leaves_the_child_able_to_spa
     const NAME: &str = "a_fork_while_other_threads_churn_the_stack_pools_leaves_the_child_able_to_spawn";
     const FORKS: usize = 40;
     if std::env::var(CHILD).is_err() {
-        let out = Command::new(std::env::current_exe().unwrap())
-            .args([NAME, "--exact", "--nocapture", "--test-threads=1"])
-            .env(CHILD, "churn")
-            .output()
-            .expect("re-exec the test binary");
-        let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
-        assert!(
-            out.status.success() && stdout.contains("parent: ok"),
-            "{}\nstdout: {stdout}\nstderr: {stderr}",
-            out.status
-        );
+        in_child_process(NAME, "churn");
         return;
     }
     let rt = Arc::new(vt::Runtime::builder().carriers(2).build().unwrap());

@@ -8,13 +8,14 @@
 use std::io::{self, Read, Write};
 use std::net::{Shutdown, SocketAddr};
 use std::os::fd::AsRawFd;
-use std::process::Command;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use virtual_threads as vt;
 use vt::net::{TcpListener, TcpStream, UdpSocket, UnixStream};
+
+mod common;
 
 fn rt() -> vt::Runtime {
     // `kill -QUIT` prints what every fiber waits on, should a test ever hang.
@@ -72,9 +73,7 @@ fn nofile_limit() -> u64 {
 
 /// Runs this test again in a child process with `VT_NET_CHILD=role`, and returns its stdout.
 fn run_child(test: &str, role: &str, env: &[(&str, String)]) -> String {
-    let out = Command::new(std::env::current_exe().unwrap())
-        .args([test, "--exact", "--nocapture", "--test-threads=1"])
-        .env("VT_NET_CHILD", role)
+    let out = common::rerun_self(test, "VT_NET_CHILD", role)
         .envs(env.iter().map(|(k, v)| (k, v)))
         .output()
         .unwrap();

@@ -3,9 +3,10 @@
 //! binary re-executed), as rayon's stack-overflow tests do.
 
 use std::os::unix::process::ExitStatusExt;
-use std::process::Command;
 
 use virtual_threads as vt;
+
+mod common;
 
 const CHILD: &str = "VT_OVERFLOW_TEST_CHILD";
 
@@ -17,11 +18,7 @@ fn recurse(n: u64) -> u64 {
 
 /// Runs `case` in a child copy of this test binary; returns (signal, stderr).
 fn run_child(test: &str, case: &str) -> (Option<i32>, String) {
-    let out = Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", test, "--nocapture", "--test-threads=1"])
-        .env(CHILD, case)
-        .output()
-        .expect("re-exec the test binary");
+    let out = common::rerun_self(test, CHILD, case).output().expect("re-exec the test binary");
     (out.status.signal(), String::from_utf8_lossy(&out.stderr).into_owned())
 }
 

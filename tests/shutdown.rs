@@ -11,7 +11,7 @@
 
 use std::cell::{Cell, Ref, RefCell};
 use std::panic::{self, AssertUnwindSafe};
-use std::process::{Command, Output};
+use std::process::Output;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::SeqCst};
 use std::sync::{Arc, Mutex, mpsc};
 use std::thread::ThreadId;
@@ -32,22 +32,12 @@ fn child_case() -> Option<String> {
 
 /// Runs `test` again in a child copy of this binary with `VT_SHUTDOWN_CHILD=case`.
 fn run_child(test: &str, case: &str) -> Output {
-    Command::new(std::env::current_exe().unwrap())
-        .args([test, "--exact", "--nocapture", "--test-threads=1"])
-        .env(CHILD, case)
-        .output()
-        .expect("re-exec the test binary")
+    common::rerun_self(test, CHILD, case).output().expect("re-exec the test binary")
 }
 
 /// Asserts that a child copy of the test exited successfully after printing "child: ok".
 fn child_ok(out: &Output) -> String {
-    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
-    assert!(
-        out.status.success() && stdout.contains("child: ok"),
-        "{}\nstdout: {stdout}\nstderr: {stderr}",
-        out.status
-    );
-    stderr.into_owned()
+    common::child_output(out, "child: ok").1
 }
 
 fn rt(carriers: usize) -> vt::Runtime {
@@ -215,6 +205,77 @@ fn a_runtime_dropped_from_its_own_fiber_still_ends_every_other_fiber() {
         assert!(parker.join().is_err(), "the parked fiber was unwound");
         assert!(dropper.join().is_ok(), "the fiber that dropped its runtime finished");
     });
+}
+
+/// A fiber of `h` that sleeps for an hour, once it has started.
+fn parked_sleeper(h: &vt::Handle) -> vt::JoinHandle<()> {
+    let (parked_tx, parked_rx) = mpsc::channel::<()>();
+    let sleeper = h.spawn(move || {
+        parked_tx.send(()).unwrap();
+        vt::sleep(Duration::from_secs(3600));
+    });
+    parked_rx.recv_timeout(LIMIT).unwrap();
+    sleeper
+}
+
+/// A runtime dropped from a `vt::blocking` closure of one of its own fibers: the closure runs
+/// on a helper thread, and the drop, waiting for every fiber, waited for the one that waits for
+/// the closure (4 of 4 runs hung before). It is a drop from inside the fiber, and ends as one.
+#[test]
+fn a_runtime_dropped_from_its_own_fibers_blocking_closure_ends() {
+    let rt = rt(1);
+    let h = rt.handle();
+    let sleeper = parked_sleeper(&h);
+    let dropper = h.spawn(move || vt::blocking(move || drop(rt)));
+    within(LIMIT, "a drop from a blocking closure of the runtime's own fiber", move || {
+        assert!(sleeper.join().is_err(), "the sleeper was unwound");
+        // The drop returned to the closure; its fiber then ended, or was unwound by the drop.
+        let _ = dropper.join();
+    });
+}
+
+/// A runtime dropped by a std thread that one of its fibers joins: the fiber's carrier waits in
+/// the OS for the thread, and the thread waited for the carrier (it hung with no message
+/// before). The drop sees that a carrier of its own waits for the dropping thread and goes on
+/// without it, as a drop from inside a fiber does; the join returns.
+#[test]
+fn a_runtime_dropped_by_a_thread_its_fiber_joins_ends() {
+    for carriers in [1, 2] {
+        let rt = rt(carriers);
+        let h = rt.handle();
+        let sleeper = parked_sleeper(&h);
+        let joiner = h.spawn(move || std::thread::spawn(move || drop(rt)).join().is_ok());
+        within(LIMIT, "a drop by a thread that a fiber of the runtime joins", move || {
+            assert!(sleeper.join().is_err(), "the sleeper was unwound");
+            assert_eq!(joiner.join().ok(), Some(true), "the join of the dropping thread returned");
+        });
+    }
+}
+
+/// A drop that waits for a fiber blocked in the OS says so, naming where the fiber came from:
+/// if that call waits for the dropping thread in a way the runtime cannot see, it never ends,
+/// and a drop that hangs without a word was all a user saw before.
+#[test]
+fn a_drop_that_waits_for_a_fiber_blocked_in_the_os_says_so() {
+    if child_case().is_none() {
+        let stderr =
+            child_ok(&run_child("a_drop_that_waits_for_a_fiber_blocked_in_the_os_says_so", "drop-waits"));
+        assert!(
+            stderr.contains("dropping a Runtime has waited") && stderr.contains("tests/shutdown.rs"),
+            "no report naming the blocked fiber's spawn site: {stderr}"
+        );
+        return;
+    }
+    let rt = rt(1);
+    let (tx, rx) = mpsc::channel::<()>();
+    rt.spawn(move || {
+        tx.send(()).unwrap();
+        // Blocks the carrier in the OS past the report's threshold (2 s).
+        std::thread::sleep(Duration::from_secs(3));
+    });
+    rx.recv_timeout(LIMIT).unwrap();
+    drop(rt);
+    println!("child: ok");
 }
 
 #[test]

@@ -14,11 +14,12 @@
 
 use std::cell::{Cell, RefCell};
 use std::io::Write;
-use std::process::Command;
 use std::rc::Rc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use virtual_threads as vt;
+
+mod common;
 
 const CHILD: &str = "VT_SOUNDNESS_CHILD";
 
@@ -117,18 +118,8 @@ fn thread_local_borrows_across_yields_are_exact_and_do_not_crash() {
 /// Runs `test` again in a child copy of this binary (a crash fails the test, not the run) and
 /// returns its stdout once it printed "child: ok" and exited successfully.
 fn in_child(test: &str) -> String {
-    let out = Command::new(std::env::current_exe().unwrap())
-        .args([test, "--exact", "--nocapture"])
-        .env(CHILD, "1")
-        .output()
-        .unwrap();
-    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
-    assert!(
-        out.status.success() && stdout.contains("child: ok"),
-        "child failed ({:?}):\n{stdout}\n{stderr}",
-        out.status
-    );
-    stdout.into_owned()
+    let out = common::rerun_self(test, CHILD, "1").output().expect("re-exec the test binary");
+    common::child_output(&out, "child: ok").0
 }
 
 #[test]

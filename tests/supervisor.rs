@@ -3,12 +3,14 @@
 
 use std::io::{BufRead, BufReader, Write};
 use std::panic::Location;
-use std::process::{Command, ExitStatus, Stdio};
+use std::process::{ExitStatus, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, mpsc};
 use std::time::{Duration, Instant};
 
 use virtual_threads as vt;
+
+mod common;
 
 /// Blocks the calling OS thread for `d` with a call that no hook turns into a park (the `hooks`
 /// feature parks a fiber's `std::thread::sleep`): what these tests need is a carrier stuck in
@@ -333,13 +335,14 @@ fn a_carrier_blocked_while_its_home_fibers_wait_is_reported() {
         println!("child: ok");
         return;
     }
-    let out = std::process::Command::new(std::env::current_exe().unwrap())
-        .args(["a_carrier_blocked_while_its_home_fibers_wait_is_reported", "--exact", "--nocapture"])
-        .env("VT_SUPERVISOR_CHILD", "blocked")
-        .output()
-        .unwrap();
-    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
-    assert!(out.status.success() && stdout.contains("child: ok"), "stdout: {stdout}\nstderr: {stderr}");
+    let out = common::rerun_self(
+        "a_carrier_blocked_while_its_home_fibers_wait_is_reported",
+        "VT_SUPERVISOR_CHILD",
+        "blocked",
+    )
+    .output()
+    .expect("re-exec the test binary");
+    let (_, stderr) = common::child_output(&out, "child: ok");
     let line =
         stderr.lines().find(|l| l.contains("blocked")).unwrap_or_else(|| panic!("no report: {stderr}"));
     assert!(line.contains("\"sleepy\""), "names the fiber: {line}");
@@ -399,9 +402,7 @@ fn four_wait_at_a_door(spawn: impl Fn(Door) -> vt::JoinHandle<()>) {
 /// Runs `test` in a child copy of this binary with `case` and `env`; once its stderr says
 /// "max_carriers", writes a line to its stdin. Returns its status and stderr.
 fn run_saturated_child(test: &str, case: &str, env: &[(&str, &str)]) -> (ExitStatus, String) {
-    let mut child = Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", test, "--nocapture", "--test-threads=1"])
-        .env(CHILD, case)
+    let mut child = common::rerun_self(test, CHILD, case)
         .envs(env.iter().copied())
         .stdin(Stdio::piped())
         .stdout(Stdio::null())
@@ -501,12 +502,7 @@ fn a_bad_environment_value_names_the_variable() {
         ("VT_MAX_CARRIERS", "100000000", "max_carriers(100000000) is above the limit"),
         ("VT_CARRIERS", "18446744073709551615", "(the environment sets VT_CARRIERS=18446744073709551615)"),
     ] {
-        let out = Command::new(std::env::current_exe().unwrap())
-            .args(["--exact", test, "--nocapture", "--test-threads=1"])
-            .env(CHILD, "bad-env")
-            .env(name, value)
-            .output()
-            .unwrap();
+        let out = common::rerun_self(test, CHILD, "bad-env").env(name, value).output().unwrap();
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert!(!out.status.success(), "{name}={value}: {stderr}");
         assert!(
@@ -609,13 +605,11 @@ fn a_runaway_compensation_is_reported_once_with_its_spawn_sites() {
         println!("child: ok");
         return;
     }
-    let out = Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", "a_runaway_compensation_is_reported_once_with_its_spawn_sites", "--nocapture"])
-        .env(CHILD, "runaway")
-        .output()
-        .unwrap();
-    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
-    assert!(out.status.success() && stdout.contains("child: ok"), "stdout: {stdout}\nstderr: {stderr}");
+    let out =
+        common::rerun_self("a_runaway_compensation_is_reported_once_with_its_spawn_sites", CHILD, "runaway")
+            .output()
+            .expect("re-exec the test binary");
+    let (_, stderr) = common::child_output(&out, "child: ok");
     assert_eq!(stderr.matches("carriers run for a target of 1").count(), 1, "once: {stderr}");
     let line = stderr.lines().find(|l| l.contains("carriers run for a target")).unwrap();
     assert!(line.contains("tests/supervisor.rs"), "names the spawn site: {line}");

@@ -214,3 +214,19 @@ fn vt_trace_traces_the_default_runtime_to_a_finished_file() {
     let spawns = lines(&text).iter().filter(|l| l.contains("\"cat\":\"spawn\"")).count();
     assert!(spawns >= 100, "{spawns} spawns");
 }
+
+#[test]
+fn a_panic_is_in_the_trace() {
+    let path = temp("panic.json");
+    let rt = vt::Runtime::builder().carriers(1).trace(&path).build().unwrap();
+    let h = rt.spawn(|| panic!("on purpose"));
+    let id = h.fiber().id().as_u64();
+    assert!(h.join().is_err());
+    quiesce(&rt);
+    rt.trace_stop().unwrap();
+    let text = std::fs::read_to_string(&path).unwrap();
+    assert!(
+        lines(&text).iter().any(|l| l.contains("\"name\":\"panic\"") && num(l, "fiber") == Some(id)),
+        "{text}"
+    );
+}

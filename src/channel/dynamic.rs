@@ -8,10 +8,13 @@
 use std::fmt;
 use std::time::{Duration, Instant};
 
+use super::arms::{NeverArm, RecvArm, WatchArm};
 use super::chan::{Chan, Reserved};
-use super::error::{ReadyTimeoutError, SelectTimeoutError, TryReadyError, TrySelectError};
-use super::select::{self, ArmList, ArmOps, Deadline, NeverArm, RecvArm, WatchArm};
-use super::{Receiver, RecvError, SendError, Sender};
+use super::error::{
+    ReadyTimeoutError, RecvError, SelectTimeoutError, SendError, TryReadyError, TrySelectError,
+};
+use super::select::{self, ArmList, ArmOps, Deadline};
+use super::{Receiver, Sender};
 
 /// `let mut sel = vt::channel::Select::new(); let i = sel.recv(&rx1); let op = sel.select();`
 ///

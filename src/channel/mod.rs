@@ -36,6 +36,7 @@
 //!   [`SelectedOperation::send`] if another sender took that room meanwhile (crossbeam reserves
 //!   the room; here only a waiting receiver is held for the chosen send; see [`Select`]).
 
+mod arms;
 mod chan;
 mod dynamic;
 mod error;
@@ -48,7 +49,8 @@ mod select_macros;
 /// so that a user's own `mod select` beside it does not clash.
 #[doc(hidden)]
 pub mod __select {
-    pub use super::select::{Arm, Deadline, RecvArm, SendArm, run};
+    pub use super::arms::{RecvArm, SendArm};
+    pub use super::select::{Arm, Deadline, run};
 }
 
 pub use crate::{select, select_biased};

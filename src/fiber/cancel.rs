@@ -4,11 +4,14 @@
 //! closure and only it (`Elapsed`); `vt::uncancellable` defers both. Level-triggered: the
 //! request stays, so every later switch point in the stopped scope unwinds again.
 //!
-//! The cost off the stop path is one byte (`FiberRecord::stop`) loaded at each park and yield;
-//! everything else is here, behind `stop != 0`. A fiber never starts an unwind while it is
-//! already unwinding (a second panic in a destructor would abort), and the runtime's own waits
-//! that must outlive a frame (`scope`, `join`, `blocking`) wait before the unwind, not during
-//! it. Design, and what a wait during a cancellation unwind does: `arch/decisions/0004-cancellation.md`.
+//! The cost off the stop path is one byte (`FiberRecord::stop`) loaded before each park and
+//! yield; everything else is behind `stop != 0`: acting on a request at a switch point is
+//! `stop.rs`, the state it reads `stop_state.rs`, and this file asks for stops. A parked fiber
+//! woken by a cancellation returns from its park as from a spurious wake-up, and its wait
+//! loop's next park stops it. A fiber never starts an unwind while it is already unwinding (a
+//! second panic in a destructor would abort), and the runtime's own waits that must outlive a
+//! frame (`scope`, `join`, `blocking`) wait before the unwind, not during it. Design, and what
+//! a wait during a cancellation unwind does: `arch/decisions/0004-cancellation.md`.
 
 use std::fmt;
 use std::panic::{AssertUnwindSafe, Location, catch_unwind, resume_unwind};
@@ -18,33 +21,10 @@ use std::time::{Duration, Instant};
 
 use super::context;
 use super::handle::Fiber;
+use super::join::JoinHandle;
+use super::stop::{Cancelled, DeadlineUnwind, earliest, pending, with_state};
+use super::stop_state::{CANCEL, DEADLINE, DeadlineScope};
 use super::{DONE, FiberRecord};
-
-/// `FiberRecord::stop`: the whole fiber was asked to stop.
-pub(crate) const CANCEL: u8 = 1;
-/// `FiberRecord::stop`: at least one `timeout` scope is open on the fiber's stack.
-pub(crate) const DEADLINE: u8 = 2;
-
-/// The unwind payload of a fiber stopped by [`JoinHandle::cancel`](crate::JoinHandle::cancel) or
-/// a [`CancelHandle`]: `join` returns `Err` holding it.
-///
-/// ```
-/// use virtual_threads as vt;
-/// let h = vt::spawn(|| loop { vt::sleep(std::time::Duration::from_millis(1)) });
-/// h.cancel();
-/// let payload = h.join().unwrap_err();
-/// assert!(payload.downcast_ref::<vt::Cancelled>().is_some());
-/// ```
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
-pub struct Cancelled;
-
-impl fmt::Display for Cancelled {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("fiber cancelled")
-    }
-}
-
-impl std::error::Error for Cancelled {}
 
 /// The error of [`timeout`] and [`deadline`]: the closure was stopped at its deadline.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
@@ -64,146 +44,12 @@ impl From<Elapsed> for std::io::Error {
     }
 }
 
-/// The unwind payload of a deadline: the address of the scope that fired, which alone catches
-/// it (Trio's marker), so an outer deadline passes through inner `timeout`s.
-struct DeadlineUnwind(usize);
-
-/// One open `timeout`, in its caller's frame, linked to the next one out.
-pub(crate) struct DeadlineScope {
-    at: Instant,
-    /// Depth of `uncancellable` sections when it opened: a section opened inside it defers it.
-    shield: u32,
-    outer: *const DeadlineScope,
-}
-
-/// What a switch point must do.
-enum Stop {
-    Cancel,
-    Deadline(*const DeadlineScope),
-}
-
-/// The stop request a switch point acts on now, if any: a whole-fiber cancellation outside any
-/// `uncancellable` section, else the outermost elapsed deadline not deferred by a section
-/// opened inside it.
-fn pending(stop: u8, shield: u32, mut scope: *const DeadlineScope) -> Option<Stop> {
-    if stop & CANCEL != 0 && shield == 0 {
-        return Some(Stop::Cancel);
-    }
-    if stop & DEADLINE == 0 || scope.is_null() {
-        return None;
-    }
-    let now = Instant::now();
-    let mut fired = None;
-    while !scope.is_null() {
-        // SAFETY: the list holds the scopes of `deadline` calls still running on this stack
-        // (each pops itself before its frame ends), read only by the fiber or thread that owns
-        // that stack.
-        let s = unsafe { &*scope };
-        if s.shield == shield && now >= s.at {
-            fired = Some(Stop::Deadline(scope));
-        }
-        scope = s.outer;
-    }
-    fired
-}
-
-/// Unwinds with the stop's payload. Without unwinding (`panic = "abort"`) there is nothing to
-/// do: the stop stays visible to `is_cancelled` (`arch/guide.md`).
-fn raise(stop: Stop) {
-    if cfg!(panic = "abort") {
-        return;
-    }
-    match stop {
-        Stop::Cancel => resume_unwind(Box::new(Cancelled)),
-        Stop::Deadline(s) => resume_unwind(Box::new(DeadlineUnwind(s.addr()))),
-    }
-}
-
-/// A switch point of a fiber whose `stop` byte is not zero: unwinds if a stop is due. Never
-/// while the fiber unwinds already (a panic in a destructor during unwinding aborts).
-#[cold]
-#[inline(never)]
-pub(crate) fn stop_point(rec: &FiberRecord) {
-    // Not during an unwind, nor while the runtime's drop unwinds this fiber (its waits are
-    // spurious wake-ups then, `park::park_fiber`).
-    if std::thread::panicking() || !context::cancelling().is_null() {
-        return;
-    }
-    if let Some(stop) = pending(
-        rec.stop.load(Ordering::Acquire),
-        rec.shield.load(Ordering::Relaxed).into(),
-        rec.deadlines.get(),
-    ) {
-        raise(stop);
-    }
-}
-
-/// A park of a fiber whose `stop` byte is not zero, before it parks: unwinds if a stop is due,
-/// else returns when the park must wake: at `deadline`, or earlier at the end of a `timeout`
-/// scope that may stop the fiber.
-#[cold]
-#[inline(never)]
-pub(crate) fn stop_point_before_park(rec: &FiberRecord, deadline: Option<Instant>) -> Option<Instant> {
-    stop_point(rec);
-    if rec.stop.load(Ordering::Relaxed) & DEADLINE == 0 || !context::cancelling().is_null() {
-        return deadline;
-    }
-    earliest(rec.shield.load(Ordering::Relaxed).into(), rec.deadlines.get(), deadline)
-}
-
-fn earliest(shield: u32, mut scope: *const DeadlineScope, mut deadline: Option<Instant>) -> Option<Instant> {
-    if std::thread::panicking() {
-        return deadline;
-    }
-    while !scope.is_null() {
-        // SAFETY: as in `pending`.
-        let s = unsafe { &*scope };
-        if s.shield == shield {
-            deadline = Some(deadline.map_or(s.at, |d| d.min(s.at)));
-        }
-        scope = s.outer;
-    }
-    deadline
-}
-
-/// Whether the fiber has been asked to stop (its whole self, or a deadline it runs under), with
-/// the fiber's pending request just as its next switch point would see it; `false` inside an
-/// [`uncancellable`] section, which defers it. For loops that never wait (Go's `ctx.Err()`).
-pub fn is_cancelled() -> bool {
-    with_state(|stop, shield, scopes| pending(stop, shield, scopes).is_some())
-}
-
-/// Stops the calling fiber here if it has been asked to stop ([`is_cancelled`]): unwinds with
-/// [`Cancelled`], or back to the `timeout` whose deadline passed. A switch point for loops that
-/// never wait. Does nothing while the fiber is already unwinding.
-pub fn check_cancelled() {
-    if std::thread::panicking() {
-        return;
-    }
-    if let Some(stop) = with_state(pending) {
-        raise(stop);
-    }
-}
-
-/// Reads the stop state of the calling fiber, or of this plain thread (deadlines only).
-fn with_state<R>(f: impl FnOnce(u8, u32, *const DeadlineScope) -> R) -> R {
-    let rec = context::current_fiber();
-    if rec.is_null() {
-        let p = context::plain_stop();
-        let stop = if p.deadlines.is_null() { 0 } else { DEADLINE };
-        return f(stop, p.shield, p.deadlines);
-    }
-    // SAFETY: the running fiber's record outlives its run; used before any switch point.
-    let rec = unsafe { &*rec };
-    f(rec.stop.load(Ordering::Acquire), rec.shield.load(Ordering::Relaxed).into(), rec.deadlines.get())
-}
-
 /// Runs `f` with a deadline `dur` from now. If `f` is still running when it passes, `f` is
 /// stopped at its next wait (any park, sleep, lock, channel operation, socket call, join or
-/// `yield_now`, or [`check_cancelled`]), unwound back to this call, and `Err(Elapsed)` is
-/// returned; the rest of the fiber goes on. Deadlines nest: an inner one stops only its own
-/// closure, an outer one passes through the inner ones, and a cancellation of the whole fiber
-/// ([`Cancelled`]) is never turned into `Elapsed`.
+/// `yield_now`, or [`check_cancelled`](crate::check_cancelled)), unwound back to this call,
+/// and `Err(Elapsed)` is returned; the rest of the fiber goes on. Deadlines nest: an inner one
+/// stops only its own closure, an outer one passes through the inner ones, and a cancellation
+/// of the whole fiber ([`Cancelled`]) is never turned into `Elapsed`.
 ///
 /// On a plain thread the same holds for this crate's waits (`vt::sync`, channels, `join`,
 /// `vt::sleep`, `vt::park`): std's own blocking calls do not see the deadline.
@@ -401,6 +247,22 @@ impl CancelHandle {
     }
 }
 
+/// Stopping, on the join handle (the hand-off in `join.rs` knows nothing of it).
+impl<T> JoinHandle<T> {
+    /// Asks the fiber to stop: it unwinds with [`Cancelled`](crate::Cancelled) at its current
+    /// wait or its next switch point (every destructor runs), and [`join`](Self::join) returns
+    /// `Err` holding that payload. A fiber that has not started never runs; a finished one is
+    /// left as it is. Returns at once.
+    pub fn cancel(&self) {
+        cancel(&self.fiber);
+    }
+
+    /// A handle that cancels this fiber without owning its join; `Clone + Send + Sync`.
+    pub fn cancel_handle(&self) -> CancelHandle {
+        CancelHandle::new(self.fiber.clone())
+    }
+}
+
 impl fmt::Debug for CancelHandle {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("CancelHandle").field("fiber", &self.fiber).finish()
@@ -471,35 +333,4 @@ pub(crate) fn now_ms() -> u32 {
     static EPOCH: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
     let ms = EPOCH.get_or_init(Instant::now).elapsed().as_millis() as u32;
     ms.clamp(1, u32::MAX - 1)
-}
-
-/// A plain thread's stop state: deadlines and sections only (a plain thread is never cancelled
-/// as a whole).
-#[derive(Clone, Copy)]
-pub(crate) struct PlainStop {
-    pub(crate) deadlines: *const DeadlineScope,
-    pub(crate) shield: u32,
-}
-
-impl PlainStop {
-    pub(crate) const NONE: PlainStop = PlainStop { deadlines: ptr::null(), shield: 0 };
-}
-
-/// A plain thread's park inside `vt::timeout`: the deadline it must wake at.
-#[cold]
-pub(crate) fn plain_park_deadline(deadline: Option<Instant>) -> Option<Instant> {
-    let p = context::plain_stop();
-    earliest(p.shield, p.deadlines, deadline)
-}
-
-/// A plain thread's wait inside `vt::timeout`, after its park: unwinds if the deadline passed.
-#[cold]
-pub(crate) fn plain_stop_point() {
-    if std::thread::panicking() {
-        return;
-    }
-    let p = context::plain_stop();
-    if let Some(stop) = pending(DEADLINE, p.shield, p.deadlines) {
-        raise(stop);
-    }
 }

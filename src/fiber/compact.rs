@@ -35,8 +35,9 @@
 
 use std::sync::atomic::Ordering;
 
+use super::FiberRecord;
 use super::stack::ARENAS;
-use super::{FiberRecord, STAGE_SAVED};
+use super::stage::STAGE_SAVED;
 use crate::fiber::context;
 
 /// Bytes copied below the deepest byte the switch was measured to write (`red_zone`), in case.

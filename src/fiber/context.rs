@@ -12,8 +12,8 @@ use std::cell::Cell;
 use std::ptr;
 
 use super::FiberRecord;
-use super::cancel::{DeadlineScope, PlainStop};
 use super::local_map::Locals;
+use super::stop_state::{DeadlineScope, PlainStop};
 
 /// The fiber a carrier runs now (null between fibers): a field of the scheduler's `Carrier`,
 /// written by it at every switch, read here through the pointer `set_carrier` registered.

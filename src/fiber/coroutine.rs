@@ -13,9 +13,8 @@ use corosensei::Coroutine;
 use super::context;
 use super::join;
 use super::stack::FiberStack;
-use super::{
-    Co, FiberRecord, FiberRef, FiberYielder, Init, STAGE_CLOSURE, STAGE_RESULT, StageVTable, Suspend,
-};
+use super::stage::{STAGE_CLOSURE, STAGE_RESULT, StageVTable};
+use super::{Co, FiberRecord, FiberRef, FiberYielder, Init, Suspend};
 
 /// What `join` returns for a fiber that its runtime's drop unwound before it finished.
 pub(crate) const CANCELLED: &str = "fiber cancelled: its runtime was dropped before it finished";
@@ -92,10 +91,10 @@ unsafe fn run_closure<F: FnOnce() -> T + Send, T: Send>(me: &FiberRecord) {
         // Cancelled before it ever ran: drop the closure (its captures' destructors run here).
         let _ = catch_unwind(AssertUnwindSafe(move || drop(f)));
         Err(Box::new(CANCELLED) as Box<dyn std::any::Any + Send>)
-    } else if me.stop.load(Ordering::Acquire) & super::cancel::CANCEL != 0 {
+    } else if me.stop.load(Ordering::Acquire) & super::stop_state::CANCEL != 0 {
         // Stopped before its first run: it never starts.
         let _ = catch_unwind(AssertUnwindSafe(move || drop(f)));
-        Err(Box::new(super::cancel::Cancelled) as Box<dyn std::any::Any + Send>)
+        Err(Box::new(super::stop::Cancelled) as Box<dyn std::any::Any + Send>)
     } else {
         match catch_unwind(AssertUnwindSafe(f)) {
             // The runtime's drop unwound it (corosensei's private unwind payload).

@@ -20,8 +20,9 @@ use std::marker::PhantomData;
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::thread;
 
+use super::FiberRecord;
 use super::handle::Fiber;
-use super::{FiberRecord, STAGE_RESULT};
+use super::stage::STAGE_RESULT;
 
 const EMPTY: u8 = 0;
 const WAITING: u8 = 1;
@@ -209,19 +210,6 @@ impl<T> JoinHandle<T> {
     /// The fiber's handle.
     pub fn fiber(&self) -> &Fiber {
         &self.fiber
-    }
-
-    /// Asks the fiber to stop: it unwinds with [`Cancelled`](crate::Cancelled) at its current
-    /// wait or its next switch point (every destructor runs), and [`join`](Self::join) returns
-    /// `Err` holding that payload. A fiber that has not started never runs; a finished one is
-    /// left as it is. Returns at once.
-    pub fn cancel(&self) {
-        super::cancel::cancel(&self.fiber);
-    }
-
-    /// A handle that cancels this fiber without owning its join; `Clone + Send + Sync`.
-    pub fn cancel_handle(&self) -> super::cancel::CancelHandle {
-        super::cancel::CancelHandle::new(self.fiber.clone())
     }
 }
 

@@ -17,12 +17,16 @@ pub(crate) mod join;
 pub(crate) mod local;
 mod local_map;
 pub(crate) mod overflow;
+pub(crate) mod panic_hook;
 pub(crate) mod park;
 pub(crate) mod schedule;
 pub(crate) mod scope_data;
 pub(crate) mod sleep;
 pub(crate) mod stack;
+pub(crate) mod stage;
 pub(crate) mod state;
+pub(crate) mod stop;
+pub(crate) mod stop_state;
 pub(crate) mod wait;
 
 use std::cell::{Cell, UnsafeCell};
@@ -36,6 +40,7 @@ use corosensei::{Coroutine, Yielder};
 
 use schedule::{RuntimeRef, Schedule};
 use stack::{FiberStack, SizeClass};
+use stage::{STAGE_BYTES, STAGE_CLOSURE, STAGE_EMPTY, STAGE_RESULT, STAGE_SAVED, StageBuf, StageVTable};
 
 pub(crate) use counted::FiberRef;
 use id::FiberId;
@@ -64,33 +69,6 @@ pub(crate) use state::{Claim, DONE, PARKED, RUNNABLE, RUNNING};
 
 /// A carrier index meaning "not pinned".
 pub(crate) const NO_HOME: usize = usize::MAX;
-
-/// Bytes kept inside the record for the fiber's closure (before it runs) and then its result,
-/// so that a typical spawn allocates nothing. Larger closures or results are boxed.
-pub(crate) const STAGE_BYTES: usize = 48;
-
-/// The closure-then-result slot. 16-aligned so most types fit without a box.
-#[repr(C, align(16))]
-pub(crate) struct StageBuf(pub(crate) [MaybeUninit<u8>; STAGE_BYTES]);
-
-/// How to handle a stage whose types only the spawner knew.
-pub(crate) struct StageVTable {
-    /// Moves the closure out of the stage, runs it (on the fiber's coroutine) and puts its
-    /// result in the stage.
-    pub(crate) run: unsafe fn(&FiberRecord),
-    /// Drops the closure without running it and completes the join with `error`.
-    pub(crate) fail: unsafe fn(&FiberRecord, std::io::Error),
-    /// Drops a result nobody will take. Returns true if it was a panic.
-    pub(crate) drop_result: unsafe fn(&FiberRecord) -> bool,
-}
-
-/// What the stage holds.
-pub(crate) const STAGE_EMPTY: u8 = 0;
-pub(crate) const STAGE_CLOSURE: u8 = 1;
-pub(crate) const STAGE_RESULT: u8 = 2;
-/// The live part of a compacted fiber's stack (`compact::SavedStack`): the stage is empty from
-/// the first run to the last, so a parked fiber's stage is free for it (no record grows).
-pub(crate) const STAGE_SAVED: u8 = 3;
 
 /// Everything the runtime knows about one fiber. Records are pooled per runtime and reused:
 /// the fields that describe one fiber are rewritten in `init` while the record is unreachable
@@ -125,7 +103,7 @@ pub(crate) struct FiberRecord {
     pub(crate) wait: AtomicU8,
     /// Stop requests (`cancel.rs`): `CANCEL` (the whole fiber), `DEADLINE` (a `vt::timeout` is
     /// open on its stack). Zero for almost every fiber, so a switch point pays one load of a
-    /// byte on a line it already touches, and the rest is in `cancel::stop_point`.
+    /// byte on a line it already touches, and the rest is in `stop::stop_point`.
     pub(crate) stop: AtomicU8,
     /// Carrier this fiber must run on (its home once started, or `pinned` where migration is on),
     /// or `NO_HOME`. Written by
@@ -176,7 +154,7 @@ pub(crate) struct FiberRecord {
     /// The join hand-off (`join.rs`).
     pub(crate) join: AtomicU8,
     pub(crate) stage_kind: Cell<u8>,
-    /// When the fiber was first asked to stop (ms since `cancel::since_epoch`'s epoch, at least
+    /// When the fiber was first asked to stop (ms since `cancel::now_ms`'s epoch, at least
     /// 1), 0 if never, `u32::MAX` once a slow stop was reported: the supervisor's report.
     pub(crate) cancelled_at: AtomicU32,
     // The rest: spawn and finish.
@@ -204,7 +182,7 @@ pub(crate) struct FiberRecord {
     pub(crate) shield_at: std::sync::atomic::AtomicPtr<Location<'static>>,
     /// The innermost `vt::timeout` open on the fiber's stack (a list through its frames), or
     /// null. Touched by the fiber only.
-    pub(crate) deadlines: Cell<*const cancel::DeadlineScope>,
+    pub(crate) deadlines: Cell<*const stop_state::DeadlineScope>,
 }
 
 /// The layout the comments in `FiberRecord` describe, checked when the crate builds: the
@@ -590,47 +568,5 @@ impl FiberRecord {
         self.vtable.set(&NO_VTABLE);
         // SAFETY: exclusive, as above.
         unsafe { (*self.runtime.get()).take() }.expect("a live fiber belongs to a runtime")
-    }
-}
-
-const fn fits_inline<X>() -> bool {
-    std::mem::size_of::<X>() <= STAGE_BYTES && std::mem::align_of::<X>() <= 16
-}
-
-impl FiberRecord {
-    /// Puts `x` in the stage (inline if it fits, else boxed) and records what it is.
-    ///
-    /// # Safety
-    /// The stage must be empty, and the caller must have exclusive access to it (by the
-    /// protocol of whoever calls: spawn before queuing, the fiber itself before completing).
-    pub(crate) unsafe fn put_stage<X>(&self, x: X, kind: u8) {
-        debug_assert_eq!(self.stage_kind.get(), STAGE_EMPTY);
-        let buf = self.stage.get().cast::<u8>();
-        if fits_inline::<X>() {
-            // SAFETY: the buffer is large and aligned enough for X (checked above) and empty.
-            unsafe { buf.cast::<X>().write(x) };
-        } else {
-            // SAFETY: a pointer always fits; the buffer is empty.
-            unsafe { buf.cast::<*mut X>().write(Box::into_raw(Box::new(x))) };
-        }
-        self.stage_kind.set(kind);
-    }
-
-    /// Takes back what `put_stage::<X>` stored.
-    ///
-    /// # Safety
-    /// The stage must hold an `X` put there by `put_stage::<X>`, and the caller must have
-    /// exclusive access to it.
-    pub(crate) unsafe fn take_stage<X>(&self) -> X {
-        debug_assert_ne!(self.stage_kind.get(), STAGE_EMPTY);
-        self.stage_kind.set(STAGE_EMPTY);
-        let buf = self.stage.get().cast::<u8>();
-        if fits_inline::<X>() {
-            // SAFETY: an X was written here by `put_stage` and is moved out exactly once.
-            unsafe { buf.cast::<X>().read() }
-        } else {
-            // SAFETY: a `Box<X>` pointer was written here by `put_stage`.
-            *unsafe { Box::from_raw(buf.cast::<*mut X>().read()) }
-        }
     }
 }

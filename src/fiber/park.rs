@@ -15,10 +15,10 @@ use std::ptr::NonNull;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use super::cancel;
 use super::context;
 use super::handle::Fiber;
 use super::schedule::{RuntimeRef, Schedule};
+use super::stop;
 use super::wait::{PlainCall, WAIT_TIMED, WaitReason, plain_activity};
 use super::{FiberRecord, Suspend};
 
@@ -84,13 +84,13 @@ pub(crate) fn park_for(reason: WaitReason, deadline: Option<Instant>) {
 fn park_thread(reason: WaitReason, deadline: Option<Instant>) {
     let _call = (!reason.waits_for_fibers()).then(PlainCall::enter);
     let stops = !context::plain_stop().deadlines.is_null();
-    let deadline = if stops { cancel::plain_park_deadline(deadline) } else { deadline };
+    let deadline = if stops { stop::plain_park_deadline(deadline) } else { deadline };
     match deadline {
         None => std::thread::park(),
         Some(d) => std::thread::park_timeout(d.saturating_duration_since(Instant::now())),
     }
     if stops {
-        cancel::plain_stop_point();
+        stop::plain_stop_point();
     }
 }
 
@@ -103,8 +103,10 @@ pub(super) fn park_fiber(
     reason: WaitReason,
     deadline: Option<Instant>,
 ) -> bool {
-    // A stop request (`cancel.rs`): a load of a byte on a line the park touches anyway; the
-    // rest is out of line, so the plain park keeps its code.
+    // A stop request (`cancel.rs`): one load of a byte on a line the park touches anyway,
+    // before the switch only. A fiber that a cancellation wakes from this park returns as from
+    // a spurious wake-up: its wait loop re-checks and parks again, and that park stops it. So
+    // nothing is live across the switch for the stop, and the rest is out of line.
     if rec.stop.load(Ordering::Relaxed) != 0 {
         return park_stopping(rec, cancelling, reason, deadline);
     }
@@ -116,8 +118,12 @@ pub(super) fn park_fiber(
 #[cold]
 #[inline(never)]
 fn park_stopping(rec: &FiberRecord, cancelling: bool, reason: WaitReason, deadline: Option<Instant>) -> bool {
-    let deadline = cancel::stop_point_before_park(rec, deadline);
-    park_plain(rec, cancelling, reason, deadline)
+    let deadline = stop::stop_point_before_park(rec, deadline);
+    let fired = park_plain(rec, cancelling, reason, deadline);
+    // A timer that a `vt::timeout` scope's deadline set (above) firing means that deadline
+    // passed, and the stop point unwinds: `fired` is only ever the caller's own.
+    stop::stop_point(rec);
+    fired
 }
 
 #[inline(always)]
@@ -142,13 +148,7 @@ fn park_plain(rec: &FiberRecord, cancelling: bool, reason: WaitReason, deadline:
         park_unwinding(rec, deadline);
         return false;
     }
-    let fired = park_switch(rec, reason, deadline);
-    // A timer that a `vt::timeout` scope's deadline set (`stop_point_before_park`) firing means
-    // that deadline passed, and the stop point unwinds: `fired` is only ever the caller's own.
-    if rec.stop.load(Ordering::Relaxed) != 0 {
-        cancel::stop_point(rec);
-    }
-    fired
+    park_switch(rec, reason, deadline)
 }
 
 /// The park's switch: records why, arms the timer, switches out, and disarms. Returns whether
@@ -287,7 +287,7 @@ pub fn yield_now() {
     // used before the switch only.
     let rec = unsafe { &*rec };
     if rec.stop.load(Ordering::Relaxed) != 0 {
-        cancel::stop_point(rec);
+        stop::stop_point(rec);
     }
     rec.spawns.set(0);
     rec.suspend(Suspend::Yield);

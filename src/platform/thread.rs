@@ -68,6 +68,31 @@ fn parse_run_delay(schedstat: &str) -> Option<Duration> {
     Some(Duration::from_nanos(ns))
 }
 
+/// Whether thread `tid` of this process is waiting now for the calling thread to exit: in a
+/// `futex` wait on the calling thread's exit word (`pthread_join`, `std::thread::JoinHandle::join`
+/// wait there: the kernel clears it and wakes them when the thread exits). Read from
+/// `/proc/self/task/<tid>/syscall` (the system call a sleeping thread is in, and its arguments)
+/// and `PR_GET_TID_ADDRESS`; false whenever either is missing, so a `true` is never a guess.
+pub(crate) fn joins_me(tid: i32) -> bool {
+    let mut mine: *mut libc::c_int = std::ptr::null_mut();
+    // SAFETY: PR_GET_TID_ADDRESS stores one pointer at the address passed, a valid local.
+    if unsafe { libc::prctl(libc::PR_GET_TID_ADDRESS, &raw mut mine) } != 0 || mine.is_null() {
+        return false; // a kernel without CONFIG_CHECKPOINT_RESTORE
+    }
+    std::fs::read_to_string(format!("/proc/self/task/{tid}/syscall"))
+        .is_ok_and(|text| futex_word(&text) == Some(mine.addr()))
+}
+
+/// The word a thread sleeps on, from `/proc/.../syscall`: "<nr> <arg0> <arg1> ...", with `nr`
+/// `SYS_futex` and the word's address as `arg0`.
+fn futex_word(syscall: &str) -> Option<usize> {
+    let mut fields = syscall.split_ascii_whitespace();
+    if fields.next()?.parse::<libc::c_long>().ok()? != libc::SYS_futex {
+        return None;
+    }
+    usize::from_str_radix(fields.next()?.strip_prefix("0x")?, 16).ok()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -111,5 +136,38 @@ mod tests {
         })
         .join()
         .unwrap();
+    }
+
+    #[test]
+    fn reads_the_futex_word_a_thread_sleeps_on() {
+        let line =
+            format!("{} 0x7fb837897990 0x109 0x3571 0x0 0x0 0xffffffff 0x7ffd 0x7fb8\n", libc::SYS_futex);
+        assert_eq!(futex_word(&line), Some(0x7fb8_3789_7990));
+        assert_eq!(futex_word("0 0x3 0x7ffd 0x10 0x0 0x0 0x0 0x7ffd 0x7fb8\n"), None);
+        assert_eq!(futex_word("running\n"), None);
+        assert_eq!(futex_word("-1 0x7ffd 0x7fb8\n"), None);
+    }
+
+    #[test]
+    fn a_thread_that_joins_this_one_is_seen_waiting_for_it() {
+        let (tid_tx, tid_rx) = std::sync::mpsc::channel();
+        let (go_tx, go_rx) = std::sync::mpsc::channel::<()>();
+        let joined = std::thread::spawn(move || {
+            go_rx.recv().unwrap();
+            // Until the joiner sleeps in its join (generous: a loaded machine).
+            let joiner: i32 = tid_rx.recv().unwrap();
+            let t = std::time::Instant::now();
+            while !joins_me(joiner) {
+                assert!(t.elapsed() < Duration::from_secs(30), "the joiner was never seen joining");
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        });
+        let joiner = std::thread::spawn(move || {
+            tid_tx.send(gettid()).unwrap();
+            go_tx.send(()).unwrap();
+            joined.join().unwrap();
+        });
+        joiner.join().unwrap();
+        assert!(!joins_me(gettid()), "a thread does not join itself");
     }
 }

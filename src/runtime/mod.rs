@@ -68,7 +68,7 @@ impl Runtime {
             unsafe { crate::platform::after_fork_in_child(after_fork_in_child) };
         });
         crate::fiber::overflow::install_handler();
-        crate::scheduler::diagnostics::install_panic_hook();
+        crate::fiber::panic_hook::install_panic_hook();
 
         let n = config.carriers;
         let cores = match config.affinity {
@@ -89,6 +89,7 @@ impl Runtime {
             crate::scheduler::supervisor::run(sup);
         })?;
         runtime.supervisor = Some(t);
+        crate::scheduler::deadlock::register(&rt);
         if rt.config().dump_on_sigquit {
             crate::scheduler::diagnostics::dump_on_sigquit(&rt)?;
         }
@@ -298,12 +299,12 @@ impl Drop for Runtime {
         }
         rt.begin_shutdown();
         let supervisor = self.supervisor.take();
-        let me = crate::scheduler::carrier::here();
-        // SAFETY: a non-null carrier pointer is this thread's live carrier.
-        if !me.is_null() && std::ptr::eq(unsafe { (*me).shared() }, rt.ptr()) {
+        if crate::scheduler::shutdown::called_from_a_fiber_of(rt) {
             // Dropped from one of its own fibers: this thread is one of the carriers to stop,
-            // and it can serve only once this fiber switches out. The rest of the drop runs
-            // on a thread of its own, so the other fibers still end and their joins return.
+            // and it can serve only once this fiber switches out. Or from a `vt::blocking`
+            // call of one of its fibers: that fiber waits for this thread, and its unwind would
+            // wait for the call to return. The rest of the drop runs on a thread of its own, so
+            // the other fibers still end and their joins return.
             let rt = rt.clone();
             let spawned = thread::Builder::new()
                 .name(format!("{}-drop", rt.config().thread_name))

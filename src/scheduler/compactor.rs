@@ -10,7 +10,8 @@ use crate::fiber::schedule::Wake;
 use super::{Shared, bump};
 use crate::fiber::compact::{SavedStack, red_zone};
 use crate::fiber::stack::ARENAS;
-use crate::fiber::{FiberRecord, FiberRef, PARKED, STAGE_SAVED};
+use crate::fiber::stage::STAGE_SAVED;
+use crate::fiber::{FiberRecord, FiberRef, PARKED};
 
 /// The largest live part compacted. Compaction gives back every page of the stack and keeps
 /// the live bytes, so it saves the unused part of the live part's lowest page plus any page

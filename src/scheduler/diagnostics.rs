@@ -1,5 +1,5 @@
-//! Fiber dumps, the deadlock report, the CPU-starvation warning, the SIGQUIT dump and the panic
-//! hook that names the fiber.
+//! Fiber dumps, the CPU-starvation warning and the SIGQUIT dump (the panic hook that names the
+//! fiber is `fiber/panic_hook.rs`).
 //!
 //! The fiber roots are the runtime's record arena (`scheduler::roots`): every record the
 //! runtime ever allocated, live or pooled. A dump walks it and takes a counted reference to each
@@ -20,7 +20,7 @@ use crate::fiber::{FiberRef, PARKED, RUNNABLE, RUNNING};
 use crate::platform::signal as sys;
 use crate::scheduler::Shared;
 
-use crate::fiber::wait::{PLAIN_IN_VT, WAIT_TIMED, WaitReason};
+use crate::fiber::wait::{WAIT_TIMED, WaitReason};
 
 /// What a fiber was doing when the dump saw it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -77,7 +77,8 @@ pub struct FiberInfo {
     /// Where it was spawned.
     pub spawned_at: &'static Location<'static>,
     /// How long it has been in `state`, at the resolution of the runtime's coarse clock (the
-    /// supervisor interval).
+    /// supervisor interval). For a fiber queued by `yield_now`, since its last run began: a
+    /// yield does not stamp the fiber (`arch/performance.md`, the floor's log).
     pub for_: Duration,
     /// It was asked to stop (`JoinHandle::cancel`, a `CancelHandle`, its scope) and has not
     /// finished yet.
@@ -332,70 +333,10 @@ fn describe(rt: &Shared, f: &FiberRef, now: u64) -> Option<FiberInfo> {
         state,
         spawned_at: f.spawned_at(),
         for_: Duration::from_nanos(now.saturating_sub(since)),
-        cancelled: f.stop.load(Ordering::Relaxed) & crate::fiber::cancel::CANCEL != 0,
+        cancelled: f.stop.load(Ordering::Relaxed) & crate::fiber::stop_state::CANCEL != 0,
         // SAFETY: `shield_at` is null or a `&'static Location` stored by `uncancellable`.
         uncancellable_at: unsafe { f.shield_at.load(Ordering::Relaxed).as_ref() },
     })
-}
-
-/// The supervisor found every carrier idle for the quiet period: decide whether nothing the
-/// runtime knows of can wake any fiber, and report once if so. Returns whether it reported.
-///
-/// What can wake a parked fiber, and how each is ruled out:
-/// - a carrier running or a fiber runnable: every carrier idle, every queue empty, no
-///   switch during the quiet period (the caller checked progress);
-/// - a timer: every timer heap empty (sleeps and timed waits arm one);
-/// - I/O: no fiber parked on a socket (a peer may still write to it);
-/// - a carrier blocked in the OS: none counted as blocked;
-/// - a plain thread inside a `vt` call: `PLAIN_IN_VT` is zero.
-///
-/// What cannot be known: a plain thread outside any `vt` call that holds a `Sender`, a `Fiber`
-/// handle or a lock guard and will use it later. Hence "possible" and the quiet period.
-pub(crate) fn check_deadlock(rt: &Shared) -> bool {
-    if !rt.config.fiber_roots
-        || rt.blocked.load(Ordering::SeqCst) > 0
-        || PLAIN_IN_VT.load(Ordering::SeqCst) > 0
-    {
-        return false;
-    }
-    let started = rt.started();
-    if rt.slots.upto(started).any(|s| {
-        !s.location.load(Ordering::SeqCst).is_null()
-            || s.home_len.load(Ordering::Relaxed) > 0
-            || !s.inbox.is_empty()
-            || !s.stealer.is_empty()
-    }) || !rt.injector.is_empty()
-        || rt.earliest_deadline() != u64::MAX
-    {
-        return false;
-    }
-    let dump = collect(rt);
-    if dump.is_empty()
-        || dump.fibers.iter().any(|f| match f.state {
-            FiberState::Parked { reason, timed } => timed || reason.is_io(),
-            _ => true,
-        })
-    {
-        return false;
-    }
-    // The walk took time: make sure nothing moved meanwhile.
-    if PLAIN_IN_VT.load(Ordering::SeqCst) > 0 || rt.earliest_deadline() != u64::MAX {
-        return false;
-    }
-    eprintln!(
-        "virtual-threads: possible deadlock: all fibers are asleep.\n\
-         Every fiber of this runtime has been parked for at least {} ms, and nothing the runtime \
-         knows of can wake one: no timer, no socket, no carrier or plain thread inside a vt call. \
-         (A plain thread that holds a Sender, a Fiber handle or a lock guard and uses it later \
-         is invisible to the runtime: if that is the case, this report is a false alarm; \
-         runtime::Builder::deadlock_report sets the quiet period or turns the report off.)\n{dump}",
-        rt.config.deadlock_report.unwrap_or_default().as_millis(),
-    );
-    if std::env::var_os("VT_DEADLOCK_ABORT").is_some_and(|v| v != "0") {
-        eprintln!("virtual-threads: VT_DEADLOCK_ABORT is set; aborting");
-        std::process::abort();
-    }
-    true
 }
 
 /// The supervisor caught a fiber computing for ~100 ms without a switch while every carrier is
@@ -477,6 +418,16 @@ pub(crate) fn report_runaway(rt: &Shared, active: usize) {
     );
 }
 
+/// A runtime's drop has waited `waited` for carriers whose fibers do not switch out (blocked
+/// in the OS, or computing): it cannot end before they do. Said once per drop, naming them.
+pub(crate) fn report_drop_waits(rt: &Shared, waited: Duration) {
+    eprintln!(
+        "virtual-threads: dropping a Runtime has waited {} ms for carriers still running a fiber          that does not switch out (blocked in the OS, or computing); it returns once they do.          Their fibers were spawned (or entered vt::blocking): {}. If such a call waits for the          thread that drops the runtime (a std channel, lock or join), it never returns: drop          the runtime from a thread no fiber waits for, or wait with vt's own calls, which park          the fiber.",
+        waited.as_millis(),
+        carrier_sites(rt)
+    );
+}
+
 /// Where each running carrier's fiber was spawned, or entered `vt::blocking`, grouped and most
 /// frequent first: "3 at src/main.rs:12:14, 1 at ...". The carriers' own record of it, kept
 /// even with fiber roots off.
@@ -500,50 +451,6 @@ fn carrier_sites(rt: &Shared) -> String {
 }
 
 // --- Panics: name the fiber, not just its carrier thread. ---
-
-/// Makes a panic inside a fiber name the fiber: installs, once per process, a panic hook that
-/// prints `fiber 12 "name" (spawned at src/main.rs:4:5) panicked on carrier thread
-/// 'vt-carrier-0':` and then calls the hook that was there before it (std's, which prints the
-/// thread's name, the panic's location and message, or the user's). On a plain thread it only
-/// calls the previous hook. A hook the user sets later replaces this one, as any hook does.
-///
-/// std's hook cannot name the fiber: `std::thread::current()` inside a fiber is its carrier
-/// thread, and its name is the carrier's.
-pub(crate) fn install_panic_hook() {
-    static INSTALLED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
-    // `take_hook` and `set_hook` panic on a panicking thread (a runtime started from a
-    // destructor during unwinding): the next runtime to start installs it then.
-    if std::thread::panicking() || INSTALLED.swap(true, Ordering::AcqRel) {
-        return;
-    }
-    let previous = std::panic::take_hook();
-    std::panic::set_hook(Box::new(move |info| {
-        let rec = crate::fiber::context::current_fiber();
-        if !rec.is_null() {
-            // SAFETY: the running fiber's record is live while it runs, and its id, name and
-            // spawn site are read-only then (see `FiberRecord`'s `Send` argument).
-            let rec = unsafe { &*rec };
-            crate::scheduler::carrier::trace_panic(rec.id().as_u64());
-            let name = rec.name().map(|n| format!(" {n:?}")).unwrap_or_default();
-            let carrier = std::thread::current();
-            let carrier = carrier.name().unwrap_or("<unnamed>");
-            // One write, so that the line stays whole among other threads' output. Through
-            // `eprint!`, as std's own panic message goes, so that a test harness capturing the
-            // thread's output (libtest) captures this line with it: a passing test that provokes
-            // a panic prints neither. `eprint!` panics if stderr fails, and a panic in the hook
-            // aborts: skip the line where stderr can no longer be written (a closed pipe).
-            let line = format!(
-                "fiber {}{name} (spawned at {}) panicked on carrier thread '{carrier}':\n",
-                rec.id(),
-                rec.spawned_at()
-            );
-            if crate::platform::stderr_writable() {
-                eprint!("{line}");
-            }
-        }
-        previous(info)
-    }));
-}
 
 /// The supervisor found carrier `carrier` blocked in the OS for `blocked_for` while `waiting`
 /// fibers that can run only there (started on it) wait: say which fiber blocks it, and the fix.

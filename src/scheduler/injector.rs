@@ -166,7 +166,8 @@ mod tests {
     use super::*;
     use crate::fiber::id::FiberId;
     use crate::fiber::schedule::RuntimeRef;
-    use crate::fiber::{FiberRecord, Init, StageVTable};
+    use crate::fiber::stage::StageVTable;
+    use crate::fiber::{FiberRecord, Init};
     use crate::scheduler::Shared;
 
     static NO_STAGE: StageVTable =

@@ -293,6 +293,7 @@ impl Shared {
     pub(crate) fn stop(&self, supervisor: Option<std::thread::JoinHandle<()>>) {
         let rt = self;
         crate::scheduler::diagnostics::forget_sigquit(rt);
+        crate::scheduler::deadlock::unregister(rt);
         if let Some(t) = supervisor {
             t.thread().unpark();
             let _ = t.join();
@@ -311,6 +312,22 @@ impl Shared {
             // A carrier that has only just started may not have published its `Thread` in its
             // slot yet (what `unpark_carrier` uses): its handle reaches it all the same.
             t.thread().unpark();
+        }
+        if !super::shutdown::await_serving(rt, threads.len(), true) {
+            // A fiber of this runtime waits in the OS for this thread to exit (it joins the std
+            // thread that drops the runtime): waiting for its carrier here would never end. The
+            // rest of the drop runs on a thread of its own, as a drop from inside a fiber does.
+            // SAFETY: the caller (the runtime's drop) holds a reference to this runtime.
+            let rt = unsafe { RuntimeRef::from_shared(self) };
+            let spawned = std::thread::Builder::new()
+                .name(format!("{}-drop", rt.config().thread_name))
+                .spawn(move || super::shutdown::run(&rt, threads));
+            if spawned.is_err() {
+                eprintln!(
+                    "virtual-threads: a Runtime was dropped by a thread that one of its fibers joins, and no thread could be started to finish the drop; leaking it"
+                );
+            }
+            return;
         }
         super::shutdown::run(rt, threads);
     }

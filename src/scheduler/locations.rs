@@ -7,7 +7,7 @@
 //! them and writes only the `known` flags.
 
 use std::panic::Location;
-use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, AtomicUsize, Ordering};
 
 /// Entries per carrier; a program has few distinct spawn sites. When the table is full, new
 /// locations are simply not tracked.
@@ -39,11 +39,15 @@ pub(crate) struct Entry {
 
 pub(crate) struct LocationMap {
     entries: Box<[Entry]>,
+    /// The index of the entry `entry` returned last (owner only): fibers mostly come in runs
+    /// from one spawn site, and a key, once stored, never changes, so one compare finds it
+    /// again without the hash and the probe (`arch/performance.md`, the floor's log).
+    last: AtomicUsize,
 }
 
 impl Default for LocationMap {
     fn default() -> LocationMap {
-        LocationMap { entries: (0..CAPACITY).map(|_| Entry::default()).collect() }
+        LocationMap { entries: (0..CAPACITY).map(|_| Entry::default()).collect(), last: AtomicUsize::new(0) }
     }
 }
 
@@ -59,20 +63,32 @@ pub(crate) fn count_run(e: &Entry) {
 
 impl LocationMap {
     /// The entry for `loc`, inserting it (owner only). `None` when the table is full around it.
+    #[inline]
     pub(crate) fn entry(&self, loc: &'static Loc) -> Option<&Entry> {
+        let e = &self.entries[self.last.load(Ordering::Relaxed) % CAPACITY];
+        if std::ptr::eq(e.key.load(Ordering::Relaxed), loc) {
+            return Some(e);
+        }
+        self.find(loc)
+    }
+
+    /// `entry` for a location other than the last one asked for.
+    #[inline(never)]
+    fn find(&self, loc: &'static Loc) -> Option<&Entry> {
         let want = loc as *const Loc as *mut Loc;
         let start = slot_of(loc);
         for k in 0..MAX_PROBES {
-            let e = &self.entries[(start + k) % CAPACITY];
+            let i = (start + k) % CAPACITY;
+            let e = &self.entries[i];
             let key = e.key.load(Ordering::Relaxed);
-            if key == want {
-                return Some(e);
-            }
             if key.is_null() {
                 // Release: the supervisor that sees the key (Acquire) sees zeroed counters.
                 e.key.store(want, Ordering::Release);
-                return Some(e);
+            } else if key != want {
+                continue;
             }
+            self.last.store(i, Ordering::Relaxed);
+            return Some(e);
         }
         None
     }

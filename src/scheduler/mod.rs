@@ -20,7 +20,8 @@
 //! | `affinity.rs` | the carriers' CPU affinity policy: pinned until their CPU is shared, then floating |
 //! | `time.rs` | the carriers' timer heaps: arming, disarming and firing timed waits |
 //! | `reactor/` | the carriers' epoll sets and each socket's registration (readiness word, waiters) |
-//! | `diagnostics.rs` | dumps, the deadlock, starvation and saturation reports, SIGQUIT, the panic hook |
+//! | `diagnostics.rs` | dumps, the starvation, saturation and runaway reports, SIGQUIT, the panic hook |
+//! | `deadlock.rs` | the deadlock report, and the process's live runtimes it must find all asleep |
 //! | `roots.rs` | the record arena (the fiber roots dumps walk) |
 //! | `shutdown.rs` | the runtime's drop: the hand-over of fibers to unwind on their home carriers |
 //! | `config.rs` | the validated settings |
@@ -31,6 +32,7 @@ pub(crate) mod carrier;
 mod compactor;
 pub(crate) mod config;
 mod counters;
+pub(crate) mod deadlock;
 pub(crate) mod diagnostics;
 mod injector;
 pub(crate) mod lazy_table;

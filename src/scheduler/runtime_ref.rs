@@ -179,4 +179,8 @@ impl Schedule for RuntimeRef {
     fn stamp(&self) -> Option<u64> {
         self.clock.stamp()
     }
+
+    fn panicked(rec: &FiberRecord) {
+        super::carrier::trace_panic(rec.id().as_u64());
+    }
 }

@@ -389,15 +389,19 @@ impl Shared {
     pub(crate) fn schedule_spawned_remote(&self, rec: FiberRef) {
         self.remote.spawned.fetch_add(1, Ordering::Relaxed);
         self.trace_spawn_remote(&rec);
-        // SeqCst, against the drop's store: a spawn through a handle either is queued before
-        // the drop looks for live fibers, or sees `shutdown` and unwinds the fiber itself (never
-        // started: any thread will do), so its join returns.
+        // SeqCst, against the drop's store: a spawn through a handle that sees `shutdown`
+        // unwinds the fiber itself (never queued, so never started: any thread will do), so its
+        // join returns. One queued is unwound by the drop (`cancel_all`, or `drain_queues`),
+        // unless it was queued after the drop emptied the queues: then nothing else will touch
+        // it, and it is unwound here. Not on seeing `shutdown` after the push: a carrier that had
+        // not stopped yet may have taken the fiber and be running it (its coroutine was taken
+        // from under it: a drop by a thread that the new fiber spawned and joined).
         if self.is_shut_down() {
             shutdown::cancel(rec);
         } else {
             let again = rec.clone();
             self.schedule_remote(rec);
-            if self.is_shut_down() {
+            if self.drain.queues_orphaned() {
                 shutdown::cancel(again);
             }
         }

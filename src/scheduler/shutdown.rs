@@ -23,9 +23,10 @@
 //! ones. If that wait needs a fiber not yet handed out (a later depth), the stuck side
 //! *escalates*: every live fiber is handed out at once. See `arch/scheduler.md` "Shutdown".
 
+use std::cell::Cell;
 use std::collections::VecDeque;
 use std::panic::{AssertUnwindSafe, catch_unwind};
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Condvar, MutexGuard};
 
 use crate::loom::StdMutex as Mutex;
@@ -39,11 +40,27 @@ use crate::scheduler::Shared;
 /// stuck in a wait before it hands out every live fiber (`escalate`).
 const STUCK: Duration = Duration::from_millis(50);
 
+/// How long the drop waits for carriers still in a fiber's OS call before it says so.
+const DROP_WAITS: Duration = Duration::from_secs(2);
+
 /// The hand-over between the dropping thread and the serving carriers.
 #[derive(Default)]
 pub(crate) struct Drain {
     state: Mutex<DrainState>,
     cv: Condvar,
+    /// The carriers have exited and the drop empties the queues: whatever is queued after this
+    /// is set, no carrier will ever take (`Shared::schedule_spawned_remote`).
+    queues_orphaned: AtomicBool,
+}
+
+impl Drain {
+    /// Whether a fiber queued now might never be taken by anyone (see `queues_orphaned`).
+    /// SeqCst, with a fence after the queueing: either the drop's emptying of the queues
+    /// comes after the push, or this load sees the flag.
+    pub(crate) fn queues_orphaned(&self) -> bool {
+        std::sync::atomic::fence(Ordering::SeqCst);
+        self.queues_orphaned.load(Ordering::SeqCst)
+    }
 }
 
 #[derive(Default)]
@@ -78,6 +95,30 @@ impl Drain {
     }
 }
 
+thread_local! {
+    /// On a `vt::blocking` helper, the runtime whose fiber waits for the call it runs now.
+    static CALL_OF: Cell<*const ()> = const { Cell::new(std::ptr::null()) };
+}
+
+/// Runs `f`, a `vt::blocking` call of a fiber of the runtime at `rt` (its `Shared`), on a
+/// helper thread: that runtime's drop from inside `f` is a drop from inside its fiber, and must
+/// not wait for that fiber, which waits for `f` to return (`called_from_a_fiber_of`).
+pub(crate) fn running_call_of<R>(rt: *const (), f: impl FnOnce() -> R) -> R {
+    let outer = CALL_OF.replace(rt);
+    let r = f();
+    CALL_OF.set(outer);
+    r
+}
+
+/// Whether this thread runs a fiber of `rt` (it is one of its carriers) or a `vt::blocking`
+/// call of one: its drop cannot wait here for its fibers to end.
+pub(crate) fn called_from_a_fiber_of(rt: &Shared) -> bool {
+    let me = crate::scheduler::carrier::here();
+    // SAFETY: a non-null carrier pointer is this thread's live carrier.
+    let on_carrier = !me.is_null() && std::ptr::eq(unsafe { (*me).shared() }, rt);
+    on_carrier || std::ptr::eq(CALL_OF.get(), std::ptr::from_ref(rt).cast())
+}
+
 /// Carrier `index`'s thread after its loop: unwinds what the coordinator hands it until told to
 /// exit. Called with no carrier set on the thread (`carrier::here()` is null), so that what
 /// an unwinding fiber wakes or spawns goes to the shared queues, which the coordinator drains.
@@ -107,26 +148,54 @@ pub(crate) fn serve(rt: &Shared, index: usize) {
 /// `shutdown` is set). Waits for them to serve, unwinds every unfinished fiber, lets them exit
 /// and joins them, then drops what the queues still hold.
 pub(crate) fn run(rt: &Shared, threads: Vec<std::thread::JoinHandle<()>>) {
-    let d = &rt.drain;
-    {
-        let mut s = d.lock(rt.started());
-        // A carrier serves once the fiber it runs (if any) has switched out.
-        while s.serving < threads.len() {
-            s = d.wait(s, Duration::from_millis(100));
-        }
-    }
+    await_serving(rt, threads.len(), false);
     cancel_all(rt);
+    let d = &rt.drain;
     d.lock(rt.started()).exit = true;
     d.cv.notify_all();
     for t in threads {
         let _ = t.join();
     }
+    d.queues_orphaned.store(true, Ordering::SeqCst);
+    // Against the spawner's fence: its push is seen by `drain_queues`, or it sees the flag.
+    std::sync::atomic::fence(Ordering::SeqCst);
     drain_queues(rt);
     for slot in rt.slots.iter() {
         // Timer entries hold records, which hold the runtime: break the cycle.
         slot.timers.lock().unwrap_or_else(|e| e.into_inner()).clear();
         slot.next_deadline.store(u64::MAX, Ordering::Relaxed);
     }
+}
+
+/// Waits until `carriers` carrier threads serve: each does once the fiber it runs (if any) has
+/// switched out. With `self_wait`, returns false instead if one of them is blocked in the OS
+/// joining the calling thread (a fiber called `join` on the std thread that drops the
+/// runtime): that carrier serves only after this thread has exited.
+pub(crate) fn await_serving(rt: &Shared, carriers: usize, self_wait: bool) -> bool {
+    let d = &rt.drain;
+    let mut s = d.lock(rt.started());
+    let (start, mut said) = (Instant::now(), false);
+    while s.serving < carriers {
+        s = d.wait(s, Duration::from_millis(if self_wait { 20 } else { 100 }));
+        if !said && s.serving < carriers && start.elapsed() >= DROP_WAITS {
+            // A wait this thread cannot see (a std channel or lock the fiber waits on, fed or
+            // held by this thread) never ends: say so, rather than hang without a word.
+            said = true;
+            crate::scheduler::diagnostics::report_drop_waits(rt, start.elapsed());
+        }
+        if self_wait && s.serving < carriers {
+            drop(s);
+            let joined = (0..rt.started()).any(|i| {
+                let tid = rt.slots[i].tid.load(Ordering::Relaxed);
+                tid != 0 && crate::platform::thread::joins_me(tid)
+            });
+            if joined {
+                return false;
+            }
+            s = d.lock(rt.started());
+        }
+    }
+    true
 }
 
 /// The carrier a started fiber must be unwound on, if any.

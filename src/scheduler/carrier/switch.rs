@@ -160,9 +160,10 @@ impl Carrier {
         }
         match after {
             Suspend::Yield => {
-                if let Some(now) = self.rt.clock.stamp() {
-                    f.since.store(now, Ordering::Relaxed);
-                }
+                // No stamp: a yielded fiber's `since` stays when its run began, so a dump counts
+                // its last run as time queued. The coarse clock moves once per supervisor
+                // interval, so the two differ only for a run about that long; a stamp per switch
+                // is what W5's floor asks to save (`arch/performance.md`, the floor's log).
                 f.set_yielded();
                 // What `schedule_local` decides for a yield, without its dispatch on the wake
                 // kind: a fiber that ran here is at home here, or has none.

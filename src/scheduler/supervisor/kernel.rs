@@ -8,7 +8,7 @@ use std::os::unix::fs::FileExt;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use crate::scheduler::shared::CarrierSlot;
+use crate::scheduler::CarrierSlot;
 
 /// One reading of a carrier thread's scheduler counters.
 #[derive(Clone, Copy)]

@@ -12,9 +12,11 @@
 //! once, with no detection delay. With every carrier asleep, the supervisor sleeps too (until
 //! a carrier wakes it, or until the compactor has fibers to compact: `fiber/compact.rs`).
 //! What procfs says of a carrier thread is read in `kernel.rs`; the stack pools' scavenge,
-//! which the supervisor also schedules, is `scavenger.rs`. See `arch/supervisor.md`.
+//! which the supervisor also schedules, is `scavenger.rs`; what it reports on stderr besides the
+//! diagnostics' reports, `reports.rs`. See `arch/supervisor.md`.
 
 mod kernel;
+mod reports;
 mod scavenger;
 
 use std::collections::{HashMap, HashSet};
@@ -23,6 +25,7 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use kernel::{OffCpu, Reading, steal_ticks, thread_stat};
+use reports::{Saturation, SlowStops, report_blocked};
 use scavenger::Scavenger;
 
 use super::Shared;
@@ -42,13 +45,6 @@ const CPU_STALL_SAMPLES: u32 = 10;
 /// example's root fiber spawns and joins for seconds without a switch while the other carrier
 /// runs its children, and was warned about and compensated for (a spare on a full machine).
 const WAIT_SAMPLES: u32 = 5;
-/// How long every carrier up to `max_carriers` must stay blocked, with fibers waiting and no
-/// carrier switching, before the supervisor says so (`Saturation`): long enough that a burst of
-/// short blocking calls (which keeps the bound full while the carriers still move) says nothing.
-const SATURATED_FOR: Duration = Duration::from_secs(1);
-/// How long a carrier stays blocked in the OS, with fibers waiting that can run only on it,
-/// before the supervisor reports it on stderr (`diagnostics::report_blocked`).
-const REPORT_BLOCKED_AFTER: Duration = Duration::from_secs(1);
 /// Samples for which a carrier started by a surge (`surge`) stays counted blocked before its
 /// own off-CPU time has been judged: its first window may not be readable yet (the thread has
 /// not published its id).
@@ -382,95 +378,6 @@ impl Profile {
     }
 }
 
-/// Compensation's dead end: every carrier up to `max_carriers` is blocked in the OS and fibers
-/// wait to run, so nothing runs until a carrier comes back, maybe never (300 jobs waiting in a
-/// `std::sync::Barrier` of 300 under the default bound of 256). Said once per runtime, after
-/// `SATURATED_FOR` with no carrier switching, so that the user hears why the program stalls.
-#[derive(Default)]
-struct Saturation {
-    /// When the current stretch began, and the carriers' summed progress then.
-    since: Option<(Instant, u64)>,
-    reported: bool,
-}
-
-impl Saturation {
-    fn check(&mut self, rt: &Shared) {
-        if self.reported {
-            return;
-        }
-        let active = rt.active.load(Ordering::Acquire);
-        let saturated = active >= rt.config.max_carriers
-            && rt.blocked.load(Ordering::Acquire) >= active
-            && work_waits(rt);
-        if !saturated {
-            self.since = None;
-            return;
-        }
-        let progress = rt.slots.upto(rt.started()).map(|s| s.progress.load(Ordering::Relaxed)).sum();
-        match self.since {
-            Some((at, p)) if p == progress => {
-                if at.elapsed() >= SATURATED_FOR {
-                    self.reported = true;
-                    crate::scheduler::diagnostics::report_saturation(rt);
-                }
-            }
-            // A carrier switched meanwhile: the bound is full but the carriers move.
-            _ => self.since = Some((Instant::now(), progress)),
-        }
-    }
-}
-
-/// Whether a fiber is queued anywhere (injector, deques, LIFO slots, inboxes).
-fn work_waits(rt: &Shared) -> bool {
-    !rt.injector.is_empty()
-        || rt.slots.upto(rt.started()).any(|s| {
-            !s.stealer.is_empty()
-                || !s.lifo.load(Ordering::Relaxed).is_null()
-                || s.home_len.load(Ordering::Relaxed) > 0
-                || s.inbox.maybe_nonempty()
-        })
-}
-
-/// Reports carrier `i` on stderr, once per spawn site (or `blocking` call site), when it has
-/// been blocked in the OS for `REPORT_BLOCKED_AFTER` while fibers that can run only there wait
-/// behind it: started fibers stay on their home carrier, so no compensating carrier can take
-/// them, and they wait as long as the block lasts (for ever, if they hold what it waits for).
-fn report_blocked(rt: &Shared, i: usize, w: &mut Watch, reported: &mut HashSet<usize>) {
-    let slot = &rt.slots[i];
-    let loc = slot.location.load(Ordering::Acquire);
-    let progress = slot.progress.load(Ordering::Relaxed);
-    if loc.is_null() || progress != w.report_progress {
-        w.report_progress = progress;
-        w.same = 0;
-        return;
-    }
-    w.same += 1;
-    let every = rt.config.supervisor_interval.max(Duration::from_micros(1));
-    let samples = REPORT_BLOCKED_AFTER.as_nanos().div_ceil(every.as_nanos()).max(1);
-    if u128::from(w.same) != samples || reported.contains(&(loc as usize)) {
-        return;
-    }
-    let waiting = home_waiting(rt, i);
-    if waiting == 0 {
-        return;
-    }
-    let in_kernel =
-        thread_stat(slot.tid.load(Ordering::Relaxed)).is_some_and(|s| matches!(s.state, b'S' | b'D'));
-    if in_kernel {
-        reported.insert(loc as usize);
-        crate::scheduler::diagnostics::report_blocked(rt, i, every * w.same, waiting);
-    }
-}
-
-/// Fibers queued that can run only on carrier `i`: those in its home queue, at least one if
-/// its inbox holds any (woken by other threads; the inbox has no length), and the one in its
-/// hand-off slot if it is homed there.
-fn home_waiting(rt: &Shared, i: usize) -> usize {
-    let slot = &rt.slots[i];
-    let queued = slot.home_len.load(Ordering::Relaxed) + usize::from(slot.inbox.maybe_nonempty());
-    queued + usize::from(!lifo_may_run_elsewhere(rt, i) && !slot.lifo.load(Ordering::Acquire).is_null())
-}
-
 /// Whether carrier `i`'s hand-off slot holds a fiber that may run on another carrier (not
 /// homed on `i`).
 fn lifo_may_run_elsewhere(rt: &Shared, i: usize) -> bool {
@@ -595,7 +502,7 @@ fn sleep_until_work(
                     }
                     if Instant::now() >= until {
                         *checked = Some(before);
-                        crate::scheduler::diagnostics::check_deadlock(rt);
+                        crate::scheduler::deadlock::check_deadlock(rt);
                         break;
                     }
                 }
@@ -614,46 +521,6 @@ fn sleep_until_work(
         }
     }
     rt.supervisor_sleeping.store(false, Ordering::SeqCst);
-}
-
-/// Reports, once each, fibers asked to stop (`JoinHandle::cancel`) that have not stopped within
-/// `cancel::SLOW_STOP_MS`: a loop that never reaches a switch point or `vt::check_cancelled`,
-/// or an `uncancellable` section that does not end. It walks the live fibers at most once per
-/// period, and only for a while after a stop was asked for (`cancel::slow_stops_due`).
-struct SlowStops {
-    next: Instant,
-    /// The last walk found a stop not yet due for a report.
-    pending: bool,
-}
-
-impl SlowStops {
-    fn run_if_due(&mut self, rt: &Shared) {
-        let now = Instant::now();
-        if now < self.next || !crate::fiber::cancel::slow_stops_due(self.pending) {
-            return;
-        }
-        self.next = now + Duration::from_millis(u64::from(crate::fiber::cancel::SLOW_STOP_MS) / 4);
-        let mut pending = false;
-        rt.roots.for_each_live(|f| {
-            if let Some(ms) = crate::fiber::cancel::slow_stop(&f, &mut pending) {
-                let name = f.name().map(|n| format!(" {n:?}")).unwrap_or_default();
-                // SAFETY: `shield_at` is null or a `&'static Location` stored by `uncancellable`.
-                let held = match unsafe { f.shield_at.load(Ordering::Relaxed).as_ref() } {
-                    Some(at) => format!("an uncancellable section entered at {at} holds it"),
-                    None => "it has not reached a switch point: a loop that never waits needs \
-                             vt::check_cancelled()"
-                        .to_string(),
-                };
-                eprintln!(
-                    "virtual-threads: fiber {}{name}, spawned at {}, was cancelled {ms} ms ago and has not \
-                     stopped: {held}. (Reported once per fiber.)",
-                    f.id(),
-                    f.spawned_at()
-                );
-            }
-        });
-        self.pending = pending;
-    }
 }
 
 #[cfg(test)]

@@ -381,7 +381,7 @@ pub(crate) fn spawned(emit: &mut dyn FnMut(Event), f: &crate::fiber::FiberRecord
 pub(crate) fn woken(f: &crate::fiber::FiberRecord, by: u64, how: u8) -> Event {
     let mut e = Event::new(Kind::Wake, f.id().as_u64(), by, 0);
     e.a = how;
-    e.b = u16::from(f.stop.load(Ordering::Relaxed) & crate::fiber::cancel::CANCEL != 0);
+    e.b = u16::from(f.stop.load(Ordering::Relaxed) & crate::fiber::stop_state::CANCEL != 0);
     e
 }
 

@@ -1,0 +1,49 @@
+//! The panic hook that names the fiber: a panic inside a fiber says which fiber (its id, name
+//! and spawn site) before std's own message, which can name only the carrier thread. Installed by
+//! the first runtime to start; `arch/diagnostics.md`, "Panics name the fiber".
+
+use std::sync::atomic::Ordering;
+
+/// Makes a panic inside a fiber name the fiber: installs, once per process, a panic hook that
+/// prints `fiber 12 "name" (spawned at src/main.rs:4:5) panicked on carrier thread
+/// 'vt-carrier-0':` and then calls the hook that was there before it (std's, which prints the
+/// thread's name, the panic's location and message, or the user's). On a plain thread it only
+/// calls the previous hook. A hook the user sets later replaces this one, as any hook does.
+///
+/// std's hook cannot name the fiber: `std::thread::current()` inside a fiber is its carrier
+/// thread, and its name is the carrier's.
+pub(crate) fn install_panic_hook() {
+    static INSTALLED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    // `take_hook` and `set_hook` panic on a panicking thread (a runtime started from a
+    // destructor during unwinding): the next runtime to start installs it then.
+    if std::thread::panicking() || INSTALLED.swap(true, Ordering::AcqRel) {
+        return;
+    }
+    let previous = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        let rec = super::context::current_fiber();
+        if !rec.is_null() {
+            // SAFETY: the running fiber's record is live while it runs, and its id, name and
+            // spawn site are read-only then (see `FiberRecord`'s `Send` argument).
+            let rec = unsafe { &*rec };
+            <super::schedule::RuntimeRef as super::schedule::Schedule>::panicked(rec);
+            let name = rec.name().map(|n| format!(" {n:?}")).unwrap_or_default();
+            let carrier = std::thread::current();
+            let carrier = carrier.name().unwrap_or("<unnamed>");
+            // One write, so that the line stays whole among other threads' output. Through
+            // `eprint!`, as std's own panic message goes, so that a test harness capturing the
+            // thread's output (libtest) captures this line with it: a passing test that provokes
+            // a panic prints neither. `eprint!` panics if stderr fails, and a panic in the hook
+            // aborts: skip the line where stderr can no longer be written (a closed pipe).
+            let line = format!(
+                "fiber {}{name} (spawned at {}) panicked on carrier thread '{carrier}':\n",
+                rec.id(),
+                rec.spawned_at()
+            );
+            if crate::platform::stderr_writable() {
+                eprint!("{line}");
+            }
+        }
+        previous(info)
+    }));
+}
