@@ -53,7 +53,9 @@
 //! Every table starts and ends with the host's cross-core latency mode (`host_mode`: a
 //! round-trip probe between CPUs 0 and 1): this VM moves between a fast and a slow mode, and
 //! figures from the two are never compared. `WORKLOADS_PARTS=floor` is the short run for the
-//! floor (W1 and W5: vt, vt1, tokio, bare, bare1; about 20 s).
+//! floor (W1 and W5: vt, vt1, tokio, bare, bare1; about 20 s). `WORKLOADS_PARTS=skew`: the
+//! price of home carriers when the heavy half of 1,000 long-lived tasks started on one carrier
+//! (`skew.rs`).
 
 use std::io::Write;
 use std::process::Command;
@@ -177,6 +179,9 @@ fn main() {
         let suite =
             SUITE.iter().filter(|w| FLOOR_WORKLOADS.contains(&w.id) && args.wants(w.id, &w.runtimes()));
         print_table(&peers, &args, suite);
+    }
+    if args.part("skew") && args.wants("skew", &["vt", "tokio"]) {
+        skew::report(&peers);
     }
     if args.part("w6") && args.wants("W6_parked_memory", &["vt", "tokio"]) {
         w6::report();
@@ -704,6 +709,9 @@ mod w5 {
         });
     }
 }
+
+#[path = "workloads/skew.rs"]
+mod skew;
 
 mod w6 {
     //! W6 parked_memory: spawn n tasks that each wait on one shared gate (a write-locked
@@ -1285,8 +1293,8 @@ struct Args {
     /// `WORKLOADS_RUNTIMES=vt,tokio`: only these runtimes (vt always runs: the ratios are to it).
     runtimes: Option<Vec<String>>,
     /// `WORKLOADS_PARTS=table,w7`: only these parts of the run (`criterion`, `table`, `floor`,
-    /// `w6`, `w7`), for a short run such as the 16-core scaling script (`.ci/scaling`). `floor`
-    /// is not run unless named.
+    /// `w6`, `w7`, `skew`), for a short run such as the 16-core scaling script (`.ci/scaling`).
+    /// `floor` and `skew` are not run unless named.
     parts: Option<Vec<String>>,
 }
 
@@ -1321,7 +1329,7 @@ impl Args {
     fn part(&self, part: &str) -> bool {
         match &self.parts {
             Some(parts) => parts.iter().any(|x| x == part),
-            None => part != "floor",
+            None => part != "floor" && part != "skew",
         }
     }
 

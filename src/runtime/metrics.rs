@@ -49,6 +49,11 @@ pub struct Metrics {
     pub stack_pool_hits: u64,
     /// Times a carrier's stack cache was empty and it went to the shared pool (or carved).
     pub stack_pool_misses: u64,
+    /// Stacks that this runtime's fibers hold now: a fiber takes one at its first run and gives
+    /// it back (to its carrier's cache, and from there to the shared pool) when it finishes,
+    /// however it ends (returned, panicked, stopped). A stopped or finished fiber that kept its
+    /// stack would show here.
+    pub stacks_in_use: u64,
     /// Stacks of this runtime's default size carved so far (process-wide: stacks outlive
     /// runtimes and are shared by runtimes with the same stack size).
     pub stacks_carved: u64,
@@ -140,6 +145,7 @@ impl Metrics {
             idle_time: Duration::from_nanos(c.idle_ns),
             stack_pool_hits: c.stack_hits,
             stack_pool_misses: c.stack_misses,
+            stacks_in_use: c.stacks_in_use,
             stacks_carved: c.stacks_carved as u64,
             stack_bytes_reserved: c.stack_bytes_reserved as u64,
             stacks_scavenged: crate::fiber::stack::SizeClass::scavenged() as u64,
@@ -197,7 +203,9 @@ impl fmt::Display for Metrics {
         )?;
         writeln!(
             f,
-            "stacks: {} carved ({} MiB reserved), carrier cache {} hits / {} misses, {} given back idle",
+            "stacks: {} in use, {} carved ({} MiB reserved), carrier cache {} hits / {} misses, {} given back \
+             idle",
+            self.stacks_in_use,
             self.stacks_carved,
             self.stack_bytes_reserved >> 20,
             self.stack_pool_hits,

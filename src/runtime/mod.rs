@@ -68,7 +68,7 @@ impl Runtime {
             unsafe { crate::platform::after_fork_in_child(after_fork_in_child) };
         });
         crate::fiber::overflow::install_handler();
-        crate::scheduler::diagnostics::install_panic_hook();
+        crate::fiber::panic_hook::install_panic_hook();
 
         let n = config.carriers;
         let cores = match config.affinity {

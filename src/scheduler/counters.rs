@@ -23,6 +23,7 @@ pub(crate) struct Counters {
     pub(crate) idle_ns: u64,
     pub(crate) stack_hits: u64,
     pub(crate) stack_misses: u64,
+    pub(crate) stacks_in_use: u64,
     pub(crate) stacks_carved: usize,
     pub(crate) stack_bytes_reserved: usize,
     pub(crate) compactions: u64,
@@ -67,6 +68,12 @@ impl Shared {
         // count (spawned - finished) never reads negative on a running runtime.
         let finished = sum(|s| &s.finished) + remote.finished.load(Ordering::Relaxed);
         let spawned = sum(|s| &s.spawned) + remote.spawned.load(Ordering::Relaxed);
+        // A carrier counts a fiber `started` when it binds it to a coroutine (and its stack),
+        // and `finished` in its own slot only when it gives that coroutine back, or when the
+        // bind failed (counted started too): so their difference is the stacks fibers hold.
+        // Finished first, as above, so it never reads below the truth.
+        let finished_here = sum(|s| &s.finished);
+        let stacks_in_use = sum(|s| &s.started).saturating_sub(finished_here);
         let (stacks_carved, stack_bytes_reserved, _) = self.stacks.usage();
         // Restores before compactions, as finished before spawned above.
         let restores = sum(|s| &s.restores) + remote.restores.load(Ordering::Relaxed);
@@ -87,6 +94,7 @@ impl Shared {
             idle_ns: sum(|s| &s.idle_ns),
             stack_hits: sum(|s| &s.stack_hits),
             stack_misses: sum(|s| &s.stack_misses),
+            stacks_in_use,
             stacks_carved,
             stack_bytes_reserved,
             compactions,

@@ -435,7 +435,8 @@ pub(crate) fn cancel(f: FiberRef) {
 fn panicked_while_cancelled(f: &FiberRecord) {
     let name = f.name().map(|n| format!(" {n:?}")).unwrap_or_default();
     eprintln!(
-        "virtual-threads: fiber {}{name} (spawned at {}) panicked while its runtime's drop unwound          it; the panic is dropped and the drop goes on",
+        "virtual-threads: fiber {}{name} (spawned at {}) panicked while its runtime's drop unwound \
+         it; the panic is dropped and the drop goes on",
         f.id(),
         f.spawned_at()
     );
