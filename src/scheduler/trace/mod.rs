@@ -245,6 +245,8 @@ impl Recorder {
         self.inner.stop.store(false, Ordering::Relaxed);
         self.inner.plain.lock().unwrap_or_else(|e| e.into_inner()).clear();
         self.inner.plain_drops.store(0, Ordering::Relaxed);
+        // The trace's zero, before any carrier can record: no event is stamped earlier.
+        let started = (std::time::Instant::now(), now());
         let mut rings = self.inner.rings.lock().unwrap_or_else(|e| e.into_inner());
         let mut first_drops = Vec::new();
         for (i, slot) in slots.enumerate() {
@@ -258,7 +260,7 @@ impl Recorder {
         let inner = self.inner.clone();
         let writer = thread::Builder::new()
             .name("vt-trace".into())
-            .spawn(move || writer::run(&inner, file, first_drops));
+            .spawn(move || writer::run(&inner, file, first_drops, started));
         let writer = match writer {
             Ok(w) => w,
             Err(e) => {
