@@ -224,6 +224,7 @@ fn sample(
         if off {
             w.off.presumed = 0;
             rt.detections.fetch_add(1, Ordering::Relaxed);
+            rt.trace_blocked(i, slot);
             // The fiber running now is asleep in the kernel (`judge` looked): the carrier
             // records its location when it switches out, so that short blocking calls are
             // learnt too.
@@ -295,6 +296,7 @@ fn sample(
             w.blocked = true;
             rt.blocked.fetch_add(1, Ordering::AcqRel);
             rt.detections.fetch_add(1, Ordering::Relaxed);
+            rt.trace_blocked(i, slot);
             // The carrier records the location in its own map when it comes back.
             slot.caught.store(true, Ordering::Release);
             rt.compensate();
