@@ -258,6 +258,49 @@ fn carriers_that_run_on_the_cpu_are_not_compensated() {
     assert!(m.carriers_peak <= 4, "computing carriers were compensated: {m}");
 }
 
+/// Fibers spawned from a plain thread wait in the injector, not behind any one carrier: with
+/// every carrier held by a fiber that computes without a switch point, nothing took them, and no
+/// spare was started however far below `max_carriers` the runtime was (7 unstarted fibers waited
+/// 10 s behind 6 spinning carriers). The age of the oldest queued fiber is the signal.
+#[test]
+fn unstarted_fibers_queued_behind_spinning_carriers_get_a_spare() {
+    let rt = vt::Runtime::builder().carriers(2).max_carriers(8).deadlock_report(None).build().unwrap();
+    let release = Arc::new(AtomicBool::new(false));
+    let spinning = Arc::new(AtomicUsize::new(0));
+    let spinners: Vec<_> = (0..2)
+        .map(|_| {
+            let (release, spinning) = (release.clone(), spinning.clone());
+            rt.spawn(move || {
+                spinning.fetch_add(1, Ordering::SeqCst);
+                while !release.load(Ordering::Relaxed) {
+                    std::hint::spin_loop();
+                }
+            })
+        })
+        .collect();
+    eventually("both carriers spin", || spinning.load(Ordering::SeqCst) == 2);
+    let ran = Arc::new(AtomicUsize::new(0));
+    let queued: Vec<_> = (0..3)
+        .map(|_| {
+            let ran = ran.clone();
+            rt.spawn(move || {
+                ran.fetch_add(1, Ordering::SeqCst);
+            })
+        })
+        .collect();
+    // Generous: the rule needs ~100 ms of stall and queueing; CI is a loaded machine.
+    let t = Instant::now();
+    while ran.load(Ordering::SeqCst) < 3 && t.elapsed() < Duration::from_secs(10) {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let (n, waited) = (ran.load(Ordering::SeqCst), t.elapsed());
+    release.store(true, Ordering::Relaxed);
+    spinners.into_iter().chain(queued).for_each(|h| h.join().unwrap());
+    assert_eq!(n, 3, "queued fibers ran while both carriers spun (after {waited:?})");
+    let m = rt.metrics();
+    assert!(m.carriers_peak <= 8, "within max_carriers: {m}");
+}
+
 /// `vt::blocking` runs its closure on a helper thread: a hundred blockers at once complete
 /// without any carrier blocking, so none is compensated for.
 #[test]
