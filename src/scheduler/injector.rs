@@ -150,9 +150,11 @@ impl Injector {
             .min()
     }
 
-    /// Takes one fiber (used at shutdown, without a local queue).
+    /// Takes one fiber (used at shutdown, without a local queue). Takes every shard's lock
+    /// until one holds a fiber, without a look at the lengths first: the drop's hand-over with
+    /// a spawn that queues at the same moment rests on the lock (`Drain::queues_orphaned`).
     pub(crate) fn pop_any(&self) -> Option<FiberRef> {
-        self.shards.iter().filter(|s| !s.looks_empty()).find_map(|s| {
+        self.shards.iter().find_map(|s| {
             let mut q = s.lock();
             let f = q.pop_front();
             s.settle(&mut q);
