@@ -362,7 +362,7 @@ impl Registration {
     /// for a holder that shares the registration with fibers still using it and cannot wait for
     /// the last of them to drop it (the `hooks` feature's descriptor table, at `close(2)`: the
     /// number may be reused at once). The drop then does nothing more.
-    #[cfg_attr(not(feature = "hooks"), allow(dead_code))]
+    #[cfg_attr(any(not(feature = "hooks"), loom), allow(dead_code))]
     pub(crate) fn retire(&self) {
         let _moving = self.moving.lock().unwrap_or_else(|e| e.into_inner());
         // Relaxed: written and read under `moving`, or in the drop (which owns `self`).
