@@ -21,7 +21,19 @@ pub(crate) fn install_panic_hook() {
     }
     let previous = std::panic::take_hook();
     std::panic::set_hook(Box::new(move |info| {
-        let rec = super::context::current_fiber();
+        let mut rec = super::context::current_fiber();
+        if rec.is_null() {
+            // A serving carrier, or the dropping thread, unwinding a fiber of a runtime's drop.
+            rec = super::context::cancelling();
+        }
+        let message = info.payload().downcast_ref::<&str>().copied();
+        if !rec.is_null() && message == Some(PANIC_IN_CLEANUP) {
+            // SAFETY: as below.
+            let line = panic_during_unwind(unsafe { &*rec });
+            if crate::platform::stderr_writable() {
+                eprint!("{line}");
+            }
+        }
         if !rec.is_null() {
             // SAFETY: the running fiber's record is live while it runs, and its id, name and
             // spawn site are read-only then (see `FiberRecord`'s `Send` argument).
@@ -45,4 +57,30 @@ pub(crate) fn install_panic_hook() {
         }
         previous(info)
     }));
+}
+
+/// What Rust's panic machinery says, through the hook, just before it aborts the process for a
+/// panic that escaped a destructor run by an unwind (`core::panicking::panic_in_cleanup`).
+const PANIC_IN_CLEANUP: &str = "panic in a destructor during cleanup";
+
+/// A destructor of fiber `rec` panicked while the fiber unwound: Rust aborts the process next,
+/// on a fiber as on a thread, and no runtime can catch it. Say which fiber, which unwind (a
+/// stop, its runtime's drop, a panic) and the fix, so that the abort is not a mystery.
+fn panic_during_unwind(rec: &super::FiberRecord) -> String {
+    let name = rec.name().map(|n| format!(" {n:?}")).unwrap_or_default();
+    let why = if std::ptr::eq(super::context::cancelling(), rec) {
+        "its runtime's drop was unwinding it"
+    } else if rec.stop.load(Ordering::Relaxed) != 0 {
+        "it was being stopped (JoinHandle::cancel, a CancelHandle, vt::timeout or vt::deadline)"
+    } else {
+        "it was unwinding from a panic"
+    };
+    format!(
+        "virtual-threads: a destructor of fiber {}{name} (spawned at {}) panicked while {why}. A \
+         panic that escapes a destructor during an unwind aborts the process (Rust's rule, on a \
+         fiber as on a std thread): neither the runtime nor the fiber's join can catch it. A \
+         destructor that may fail should check std::thread::panicking() and not panic then.\n",
+        rec.id(),
+        rec.spawned_at()
+    )
 }

@@ -181,6 +181,36 @@ pub(crate) unsafe fn around_fork(prepare: extern "C" fn(), parent: extern "C" fn
     unsafe { libc::pthread_atfork(Some(prepare), Some(parent), Some(child)) };
 }
 
+/// A guard of a process-wide lock, type-erased: dropping it unlocks.
+pub(crate) type ForkGuard = Box<dyn std::any::Any>;
+
+/// Makes the forking thread take a process-wide lock before every `fork` (`take` locks it and
+/// returns the guard) and let go of it on both sides just after. A `fork` copies only the
+/// forking thread: a lock another thread held at that moment would stay held in the child for
+/// ever. Locks are taken in the order registered; each must be a leaf among them (nothing
+/// registered here is locked while holding it). Register once per lock.
+#[cfg(not(loom))]
+pub(crate) fn hold_across_fork(take: fn() -> ForkGuard) {
+    static TAKERS: std::sync::Mutex<Vec<fn() -> ForkGuard>> = std::sync::Mutex::new(Vec::new());
+    thread_local! {
+        static HELD: std::cell::RefCell<Vec<ForkGuard>> = const { std::cell::RefCell::new(Vec::new()) };
+    }
+    extern "C" fn prepare() {
+        let takers = TAKERS.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        let guards: Vec<ForkGuard> = takers.iter().map(|take| take()).collect();
+        HELD.with(|h| *h.borrow_mut() = guards);
+    }
+    extern "C" fn after() {
+        let guards = HELD.with(|h| std::mem::take(&mut *h.borrow_mut()));
+        guards.into_iter().rev().for_each(drop);
+    }
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    // SAFETY: in the child, `after` only drops guards this same thread took in `prepare`: plain
+    // unlocks, of no lock held by a vanished thread.
+    ONCE.call_once(|| unsafe { around_fork(prepare, after, after) });
+    TAKERS.lock().unwrap_or_else(|e| e.into_inner()).push(take);
+}
+
 /// A CPU a carrier can be pinned to.
 pub(crate) type CoreId = core_affinity::CoreId;
 

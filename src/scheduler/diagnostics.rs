@@ -422,7 +422,12 @@ pub(crate) fn report_runaway(rt: &Shared, active: usize) {
 /// in the OS, or computing): it cannot end before they do. Said once per drop, naming them.
 pub(crate) fn report_drop_waits(rt: &Shared, waited: Duration) {
     eprintln!(
-        "virtual-threads: dropping a Runtime has waited {} ms for carriers still running a fiber          that does not switch out (blocked in the OS, or computing); it returns once they do.          Their fibers were spawned (or entered vt::blocking): {}. If such a call waits for the          thread that drops the runtime (a std channel, lock or join), it never returns: drop          the runtime from a thread no fiber waits for, or wait with vt's own calls, which park          the fiber.",
+        "virtual-threads: dropping a Runtime has waited {} ms for carriers still running a fiber \
+         that does not switch out (blocked in the OS, or computing); it returns once they do. \
+         Their fibers were spawned (or entered vt::blocking): {}. If such a call waits for the \
+         thread that drops the runtime (a std channel, lock or join), it never returns: drop \
+         the runtime from a thread no fiber waits for, or wait with vt's own calls, which park \
+         the fiber.",
         waited.as_millis(),
         carrier_sites(rt)
     );

@@ -401,13 +401,13 @@ pub(crate) fn cancel(f: FiberRef) {
         // Resumes the fiber with corosensei's unwind payload; the fiber's body catches it
         // (after every destructor on the way ran), completes its packet and returns.
         if catch_unwind(AssertUnwindSafe(|| co.force_unwind())).is_err() {
-            eprintln!("virtual-threads: a fiber panicked while being cancelled by its runtime's drop");
+            panicked_while_cancelled(&f);
         }
     }
     if let Some(co) = slot.as_mut().filter(|co| !co.done()) {
         // Bound but not started: its body sees `cancelled` and only drops the closure.
         if catch_unwind(AssertUnwindSafe(|| co.resume(FiberRef::as_ptr(&f)))).is_err() {
-            eprintln!("virtual-threads: a fiber panicked while being cancelled by its runtime's drop");
+            panicked_while_cancelled(&f);
         }
     }
     context::set_cancelling(outer);
@@ -426,4 +426,18 @@ pub(crate) fn cancel(f: FiberRef) {
     }
     FiberRecord::finish_now(&f);
     drop(run);
+}
+
+/// A panic escaped fiber `f`'s body while its runtime's drop unwound it, outside any unwind (a
+/// destructor that panics during the unwind aborts the process before this: the panic hook
+/// names the fiber then). Caught: the drop goes on with the other fibers.
+#[cold]
+fn panicked_while_cancelled(f: &FiberRecord) {
+    let name = f.name().map(|n| format!(" {n:?}")).unwrap_or_default();
+    eprintln!(
+        "virtual-threads: fiber {}{name} (spawned at {}) panicked while its runtime's drop unwound \
+         it; the panic is dropped and the drop goes on",
+        f.id(),
+        f.spawned_at()
+    );
 }

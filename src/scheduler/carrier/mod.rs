@@ -115,7 +115,10 @@ pub(crate) struct Carrier {
     /// This carrier has clearly more fibers at home than another that runs (read every
     /// `GLOBAL_CHECK_INTERVAL` ticks, `weigh`): it leaves unstarted fibers to the lighter one.
     heavier: Cell<bool>,
-    tick: Cell<u32>,
+    /// Ticks (fibers taken from the local queues) until the next look at timers, the
+    /// injector, the reactor and the other carriers' loads: a countdown from
+    /// `GLOBAL_CHECK_INTERVAL`, where a counter's modulo divided by 61 on every switch.
+    ticks_left: Cell<u32>,
     rng: Cell<u64>,
     /// The stack cache's last operation was a take (see `take_stack`).
     taking: Cell<bool>,
@@ -154,7 +157,7 @@ impl Carrier {
             is_spare: index >= rt.target,
             lifo_streak: Cell::new(0),
             heavier: Cell::new(false),
-            tick: Cell::new(0),
+            ticks_left: Cell::new(GLOBAL_CHECK_INTERVAL),
             rng: Cell::new(0x2545_F491_4F6C_DD1D ^ ((index as u64 + 1) << 17)),
             taking: Cell::new(false),
             ids: Cell::new((0, 0)),

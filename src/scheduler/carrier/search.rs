@@ -52,9 +52,9 @@ impl Carrier {
 
     /// The fast path: this carrier's own queues.
     pub(super) fn next_local(&self) -> Option<FiberRef> {
-        let tick = self.tick.get().wrapping_add(1);
-        self.tick.set(tick);
-        if tick % GLOBAL_CHECK_INTERVAL == 0 {
+        let left = self.ticks_left.get() - 1;
+        self.ticks_left.set(if left == 0 { GLOBAL_CHECK_INTERVAL } else { left });
+        if left == 0 {
             self.poll_reactor_if_due();
             self.fire_timers();
             // A retired spare, or a carrier blocked in the OS, cannot fire its own timers, and

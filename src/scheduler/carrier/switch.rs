@@ -201,15 +201,13 @@ impl Carrier {
     #[inline(always)]
     fn yield_at_home(&self, f: FiberRef) -> Option<FiberRef> {
         let slot = self.slot();
-        let tick = self.tick.get().wrapping_add(1);
+        let left = self.ticks_left.get();
         let mut home = self.home_queue();
-        if tick % GLOBAL_CHECK_INTERVAL != 0
-            && !slot.inbox.maybe_nonempty()
-            && slot.lifo.load(Ordering::Relaxed).is_null()
-        {
+        // At 1, the next tick is the 61st.
+        if left > 1 && !slot.inbox.maybe_nonempty() && slot.lifo.load(Ordering::Relaxed).is_null() {
             if let Some(next) = home.push_pop_due(f, self.worker.pushed(), self.worker.taken()) {
                 // What `next_local` records when it takes the home queue's front.
-                self.tick.set(tick);
+                self.ticks_left.set(left - 1);
                 self.lifo_streak.set(0);
                 return Some(next);
             }

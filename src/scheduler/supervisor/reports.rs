@@ -9,7 +9,8 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use super::kernel::thread_stat;
-use super::{Shared, Watch, lifo_may_run_elsewhere};
+use super::{Watch, lifo_may_run_elsewhere};
+use crate::scheduler::Shared;
 
 /// How long every carrier up to `max_carriers` must stay blocked, with fibers waiting and no
 /// carrier switching, before the supervisor says so (`Saturation`): long enough that a burst of
