@@ -56,6 +56,11 @@ fn std_net_echo_in_a_thousand_fibers_on_two_carriers() {
     let rt = two_carriers();
     let n = 500;
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    // std listens with a backlog of 128; 500 connects at once overflow it, the kernel answers
+    // with SYN cookies, and a cookie it then fails to validate resets that connection (seen:
+    // 1 run in ~10, `TcpExtSyncookiesFailed` counting). Room for all of them: `listen` again.
+    // SAFETY: a plain call on the listener's open descriptor.
+    assert_eq!(unsafe { libc::listen(listener.as_raw_fd(), 1024) }, 0);
     let addr = listener.local_addr().unwrap();
     let h = rt.handle();
     let server = rt.spawn(move || {
@@ -472,4 +477,36 @@ fn a_dump_names_a_fiber_parked_in_a_hooked_read() {
     assert!(rt.dump().to_string().contains("hooked socket or pipe read"), "{}", rt.dump());
     b.write_all(b"x").unwrap();
     assert_eq!(h.join().unwrap(), 1);
+}
+
+/// A duplicate (`try_clone`) shares the open file, and so the non-blocking mode the hooks set
+/// underneath when a fiber first uses either: the other still behaves as the user left it
+/// (blocking), whichever a fiber used first.
+#[test]
+fn a_clone_used_first_leaves_the_original_blocking() {
+    let _one = serial();
+    let rt = two_carriers();
+    let (a, mut b) = UnixStream::pair().unwrap();
+    // Cloned before any fiber touched either (as a server's `try_clone` of an accepted stream).
+    let clone = a.try_clone().unwrap();
+    b.write_all(b"12").unwrap();
+    let h = rt.spawn(move || {
+        (&clone).read_exact(&mut [0u8; 1]).unwrap(); // the clone first: the file goes non-blocking
+        // SAFETY: a plain query of an open descriptor.
+        let fl = unsafe { libc::fcntl(a.as_raw_fd(), libc::F_GETFL) };
+        assert_eq!(fl & libc::O_NONBLOCK, 0, "the original shows the hooks' mode as the user's");
+        (&a).read_exact(&mut [0u8; 1]).unwrap();
+        // Nothing left: a blocking read of the original parks until the writer writes.
+        let w = vt::spawn(move || {
+            vt::sleep(Duration::from_millis(20));
+            b.write_all(b"3").unwrap();
+            b
+        });
+        let mut c = [0u8; 1];
+        (&a).read_exact(&mut c).unwrap();
+        drop(w.join().unwrap());
+        c[0]
+    });
+    assert_eq!(h.join().unwrap(), b'3');
+    assert_no_compensation(&rt);
 }

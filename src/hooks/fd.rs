@@ -247,8 +247,14 @@ fn forget(fd: c_int) -> usize {
 
 /// Gives `new` (a duplicate of `old`) `old`'s flags: they share the open file, so its
 /// underlying non-blocking mode too. Its registration is its own, made at its first wait.
+///
+/// `old` is classified first if no fiber has used it: otherwise the first fiber to use one of
+/// the two would switch the shared open file to non-blocking, and the other, classified later,
+/// would read that as the user's own mode (a server's `try_clone` pair, seen returning `EAGAIN`
+/// to a blocking write). Classifying needs no fiber: a plain thread on a switched descriptor
+/// still blocks (`io.rs`).
 fn copy(old: c_int, new: c_int) {
-    let f = flags(old);
+    let f = classify(old);
     if let Some(e) = entry(new, f != 0) {
         let w = lock(e);
         debug_assert!(w & !(FLAGS | LOCKED) == 0, "a new descriptor with a registration");
