@@ -179,6 +179,9 @@ fn main() {
         let suite =
             SUITE.iter().filter(|w| FLOOR_WORKLOADS.contains(&w.id) && args.wants(w.id, &w.runtimes()));
         print_table(&peers, &args, suite);
+        if args.wants("W1_fork_join", &["vt"]) {
+            w1::spread(&peers);
+        }
     }
     if args.part("skew") && args.wants("skew", &["vt", "tokio"]) {
         skew::report(&peers);
@@ -279,6 +282,25 @@ mod w1 {
     /// The same op on one carrier.
     pub fn vt1(p: &Peers) {
         on(&p.vt1);
+    }
+
+    /// Where one more op's fibers started and how they got there, on all carriers: the
+    /// spawner's carrier runs what the others do not take, so this says how parallel the op
+    /// was (the floor's speed-up of all carriers over one).
+    pub fn spread(p: &Peers) {
+        let before = p.vt.metrics().per_carrier;
+        vt(p);
+        let after = p.vt.metrics().per_carrier;
+        let delta = |f: fn(&vt::CarrierMetrics) -> u64| -> Vec<u64> {
+            after.iter().zip(&before).map(|(a, b)| f(a) - f(b)).collect()
+        };
+        println!(
+            "W1 on {} carriers, one more op: fibers started per carrier {:?}, stolen {:?}, from the injector {:?}",
+            cores(),
+            delta(|c| c.fibers_started),
+            delta(|c| c.steals),
+            delta(|c| c.injector_pops),
+        );
     }
 
     /// The floor of a fiber's life, with no scheduler: corosensei's spawn-run-drop on pooled
@@ -1127,7 +1149,7 @@ fn floor_table(medians: &[(&str, Vec<(&str, f64)>)]) {
     }
     let unit = |id: &str| if id.starts_with("W1") { "per fiber" } else { "per yield" };
     println!(
-        "\nThe floor: ns {{per fiber (W1), per yield (W5)}}, medians; 1 = one carrier or thread, {} = all",
+        "\nThe floor: ns per fiber (W1) or per yield (W5), medians; `1`: one carrier or thread, else {}; speed-up: vt over vt1",
         cores()
     );
     println!(

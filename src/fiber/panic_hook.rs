@@ -38,6 +38,7 @@ pub(crate) fn install_panic_hook() {
             // SAFETY: the running fiber's record is live while it runs, and its id, name and
             // spawn site are read-only then (see `FiberRecord`'s `Send` argument).
             let rec = unsafe { &*rec };
+            <super::schedule::RuntimeRef as super::schedule::Schedule>::panicked(rec);
             let name = rec.name().map(|n| format!(" {n:?}")).unwrap_or_default();
             let carrier = std::thread::current();
             let carrier = carrier.name().unwrap_or("<unnamed>");

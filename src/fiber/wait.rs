@@ -99,6 +99,10 @@ const REASONS: [WaitReason; 26] = [
 
 /// In a record's `wait` byte: the park has a deadline (a timer will wake it).
 pub(crate) const WAIT_TIMED: u8 = 0x80;
+/// In a record's `wait` byte: the fiber waits while it unwinds from a panic, on its carrier's
+/// thread without switching out (`park::park_unwinding`): the carrier is held, and the fibers at
+/// home there cannot run until the wait ends. For the "blocked" report's advice.
+pub(crate) const WAIT_UNWINDING: u8 = 0x40;
 
 impl WaitReason {
     pub(crate) fn code(self) -> u8 {
@@ -106,7 +110,7 @@ impl WaitReason {
     }
 
     pub(crate) fn from_code(code: u8) -> WaitReason {
-        let i = (code & !WAIT_TIMED) as usize;
+        let i = (code & !(WAIT_TIMED | WAIT_UNWINDING)) as usize;
         // 0 (never parked through a reason) reads as a plain park.
         REASONS.get(i.wrapping_sub(1)).copied().unwrap_or(WaitReason::Park)
     }

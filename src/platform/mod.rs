@@ -128,6 +128,14 @@ pub(crate) fn gettid() -> i32 {
     unsafe { libc::gettid() }
 }
 
+/// Runs `f` when the process exits through `exit` (a return from `main` included), before
+/// the threads are torn down; its failure to register (only when memory is exhausted) is
+/// ignored: the caller then loses what `f` would have finished.
+pub(crate) fn at_exit(f: extern "C" fn()) {
+    // SAFETY: `atexit` only records the function pointer.
+    unsafe { libc::atexit(f) };
+}
+
 /// Whether a write to stderr can still succeed: false once fd 2 is a pipe or socket whose reader
 /// has gone (a write would fail with `EPIPE`); a file or a terminal is always writable here.
 pub(crate) fn stderr_writable() -> bool {

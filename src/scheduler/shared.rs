@@ -54,6 +54,9 @@ pub(crate) struct CarrierSlot {
     pub(super) thread: OnceLock<Thread>,
     /// Bumped by the carrier at every fiber switch (single writer); the supervisor samples it.
     pub(super) progress: AtomicU64,
+    /// The carrier's trace ring while a trace runs, else null: the one load each trace hook
+    /// makes, next to a line the switch writes anyway (`trace/`).
+    pub(super) trace: AtomicPtr<super::trace::Ring>,
     /// The carrier sleeps (or is about to) in `epoll_wait` on its poll set: waking it takes
     /// the set's eventfd. Raised by every idle carrier, and by a retired spare.
     pub(super) on_reactor: AtomicBool,
@@ -84,6 +87,15 @@ pub(crate) struct CarrierSlot {
 }
 
 impl CarrierSlot {
+    /// The carrier's trace ring, while a trace runs: each trace hook's one branch.
+    #[inline(always)]
+    pub(super) fn tracing(&self) -> Option<&super::trace::Ring> {
+        let p = self.trace.load(Ordering::Relaxed);
+        // SAFETY: a non-null pointer is a ring the recorder keeps until the runtime's state
+        // (which holds this slot) is dropped (`Recorder::start`, `attach`).
+        (!p.is_null()).then(|| unsafe { &*p })
+    }
+
     pub(super) fn new(stealer: run_queue::Remote<FiberRef>) -> CarrierSlot {
         CarrierSlot {
             stealer,
@@ -93,6 +105,7 @@ impl CarrierSlot {
             next_deadline: AtomicU64::new(u64::MAX),
             thread: OnceLock::new(),
             progress: AtomicU64::new(0),
+            trace: AtomicPtr::new(std::ptr::null_mut()),
             on_reactor: AtomicBool::new(false),
             lifo: AtomicPtr::new(std::ptr::null_mut()),
             location: AtomicPtr::new(std::ptr::null_mut()),
@@ -225,6 +238,8 @@ pub(crate) struct Shared {
     pub(super) known: Mutex<Vec<locations::Known>>,
     /// Unused fiber records, beyond what the carriers cache.
     pub(super) records: Mutex<Vec<RecordPtr>>,
+    /// The execution trace's recorder (`trace/`).
+    pub(super) trace: super::trace::Recorder,
 }
 
 /// An unused fiber record in a pool.
@@ -295,6 +310,7 @@ impl Shared {
             stacks,
             config,
             records: Mutex::new(Vec::new()),
+            trace: Default::default(),
             reactor,
             target: n,
             started: AtomicUsize::new(0),
@@ -372,6 +388,7 @@ impl Shared {
     /// from a carrier of another runtime).
     pub(crate) fn schedule_spawned_remote(&self, rec: FiberRef) {
         self.remote.spawned.fetch_add(1, Ordering::Relaxed);
+        self.trace_spawn_remote(&rec);
         // SeqCst, against the drop's store: a spawn through a handle that sees `shutdown`
         // unwinds the fiber itself (never queued, so never started: any thread will do), so its
         // join returns. One queued is unwound by the drop (`cancel_all`, or `drain_queues`),

@@ -14,7 +14,8 @@
 //! - `caches.rs`: the caches of stacks, coroutines and records;
 //! - `queues.rs`: putting fibers in the LIFO slot, the home queue, the deque and the injector;
 //! - `search.rs`: finding work (local, stealing, the injector, timers, the reactor) and sleeping;
-//! - `switch.rs`: running a fiber, and what its switch out asks of the carrier.
+//! - `switch.rs`: running a fiber, and what its switch out asks of the carrier;
+//! - `traced.rs`: what the execution trace records of it, out of line (`scheduler/trace/`).
 
 use std::cell::{Cell, UnsafeCell};
 use std::io;
@@ -27,7 +28,7 @@ use corosensei::CoroutineResult;
 
 use super::injector::Batch;
 use super::locations;
-use super::shutdown;
+use super::trace::{self, Event, Kind};
 use super::{CarrierSlot, RECORD_CACHE, STOCK_BATCH, Shared, bump};
 use crate::fiber::context::{self, CarrierState, Running};
 use crate::fiber::coroutine::new_coroutine;
@@ -43,6 +44,8 @@ use caches::{Borrowed, Caches};
 mod queues;
 mod search;
 mod switch;
+mod traced;
+pub(crate) use traced::trace_panic;
 
 /// The carrier this thread is, or null. Valid until the caller's next switch point (see
 /// `fiber::context`, which keeps the pointer opaque).
@@ -136,10 +139,15 @@ pub(crate) struct Carrier {
     current: Running,
     progress: Cell<u64>,
     last_poll: Cell<Instant>,
+    /// While a trace runs: when the running fiber's slice started (0: no slice noted), and
+    /// `progress` then (`traced.rs`).
+    slice_start: Cell<u64>,
+    slice_resumes: Cell<u64>,
 }
 
 impl Carrier {
-    /// The carrier thread's body.
+    /// The carrier thread's loop, to its exit; the thread then serves the runtime's drop
+    /// (`lifecycle.rs`, `shutdown::serve`).
     pub(crate) fn run(index: usize, rt: RuntimeRef, worker: Local<FiberRef>) {
         let slot = NonNull::from(&*rt.slots[index]);
         let c = Carrier {
@@ -169,8 +177,16 @@ impl Carrier {
             current: Running::new(),
             progress: Cell::new(0),
             last_poll: Cell::new(Instant::now()),
+            slice_start: Cell::new(0),
+            slice_resumes: Cell::new(0),
             rt,
         };
+        c.rt.trace_attach(index);
+        if let Some(ring) = c.slot().tracing() {
+            let mut e = Event::new(Kind::CarrierStart, 0, 0, 0);
+            e.a = u8::from(c.is_spare);
+            ring.push(e);
+        }
         // The overflow report runs on an alternate signal stack: the fiber's own is exhausted.
         let _altstack = crate::fiber::overflow::ensure_altstack();
         // SAFETY: `c` lives on this thread's stack until after the null registration below,
@@ -187,9 +203,6 @@ impl Carrier {
         unsafe { context::set_carrier(std::ptr::null(), std::ptr::null()) };
         let stock = c.stock.replace(0);
         c.rt.release_stock(stock);
-        // The runtime's drop unwinds the fibers homed here on this thread, before it exits
-        // (their thread-locals live here): `scheduler/shutdown.rs`.
-        shutdown::serve(&c.rt, index);
     }
 
     fn slot(&self) -> &CarrierSlot {

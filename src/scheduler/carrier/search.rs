@@ -231,6 +231,9 @@ impl Carrier {
                 if let Some(f) = vslot.stealer.steal_into(&self.worker, LOCAL_CAP / 2) {
                     let got = 1 + self.worker.len().saturating_sub(before) as u64;
                     bump(&self.slot().stats.steals, got);
+                    if let Some(ring) = self.slot().tracing() {
+                        ring.push(Event::new(Kind::Steal, victim as u64, got, 0));
+                    }
                     return Some(f);
                 }
             }
@@ -279,6 +282,9 @@ impl Carrier {
         self.flush_to_injector();
         self.rt.notify();
         let slot = self.slot();
+        if let Some(ring) = slot.tracing() {
+            ring.push(Event::new(Kind::CarrierRetire, 0, 0, 0));
+        }
         // Asleep in `epoll_wait` on its own set, not in a thread park: sockets registered here
         // while the spare ran fibers stay served (a waiter at home elsewhere would otherwise
         // wait for ever). `on_reactor` before the re-check of `retired`: see `unpark_carrier`.
@@ -385,7 +391,11 @@ impl Carrier {
             let n = self.rt.reactor.poll(self.index, timeout);
             bump(&slot.stats.io_wakeups, n as u64);
             let woke = Instant::now();
-            bump(&slot.stats.idle_ns, woke.saturating_duration_since(slept).as_nanos() as u64);
+            let idle_ns = woke.saturating_duration_since(slept).as_nanos() as u64;
+            bump(&slot.stats.idle_ns, idle_ns);
+            if let Some(ring) = slot.tracing() {
+                ring.push(Event::new(Kind::Idle, idle_ns, 0, 0));
+            }
             self.rt.refresh_clock_after_idle(woke);
         }
         slot.on_reactor.store(false, Ordering::Relaxed);

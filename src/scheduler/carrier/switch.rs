@@ -122,6 +122,10 @@ impl Carrier {
         if let Some(now) = self.rt.clock.stamp() {
             f.since.store(now, Ordering::Relaxed);
         }
+        // A trace runs: note the slice's start (`traced.rs`).
+        if !slot.trace.load(Ordering::Relaxed).is_null() {
+            self.trace_begin();
+        }
         // The fiber body catches every panic itself; one escaping a resume is a runtime bug,
         // and unwinding on could drop a half-switched fiber's record. A guard rather than
         // `catch_unwind`: that costs a call and register spills around every resume, the guard
@@ -151,6 +155,9 @@ impl Carrier {
         };
         std::mem::forget(abort);
         self.switched_out();
+        if self.slice_start.get() != 0 {
+            self.trace_slice(FiberRef::as_ptr(&f), after);
+        }
         match after {
             Suspend::Yield => {
                 // No stamp: a yielded fiber's `since` stays when its run began, so a dump counts
@@ -257,6 +264,12 @@ impl Carrier {
     /// known-blocking location): count this carrier as blocked and compensate now.
     pub(crate) fn enter_blocking(&self, at: &'static std::panic::Location<'static>) {
         let slot = self.slot();
+        if let Some(ring) = slot.tracing() {
+            let me = self.current.get();
+            // SAFETY: the fiber running on this carrier: live while it runs.
+            let id = if me.is_null() { 0 } else { unsafe { (*me).id().as_u64() } };
+            ring.push(Event::new(Kind::Blocking, id, 0, trace::site(at)));
+        }
         slot.location.store(at as *const _ as *mut _, Ordering::Release);
         if !slot.in_blocking.swap(true, Ordering::AcqRel) {
             self.rt.blocked.fetch_add(1, Ordering::AcqRel);
