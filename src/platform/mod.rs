@@ -184,12 +184,14 @@ pub(crate) unsafe fn after_fork_in_child(handler: extern "C" fn()) {
 /// `child` is async-signal-safe as far as the child's state allows (the child of a
 /// multithreaded process has one thread, and only locks the forking thread held are sure to be
 /// free there).
+#[cfg(not(loom))]
 pub(crate) unsafe fn around_fork(prepare: extern "C" fn(), parent: extern "C" fn(), child: extern "C" fn()) {
     // SAFETY: the caller's contract.
     unsafe { libc::pthread_atfork(Some(prepare), Some(parent), Some(child)) };
 }
 
 /// A guard of a process-wide lock, type-erased: dropping it unlocks.
+#[cfg(not(loom))]
 pub(crate) type ForkGuard = Box<dyn std::any::Any>;
 
 /// Makes the forking thread take a process-wide lock before every `fork` (`take` locks it and

@@ -20,7 +20,7 @@ use crate::fiber::{FiberRef, PARKED, RUNNABLE, RUNNING};
 use crate::platform::signal as sys;
 use crate::scheduler::Shared;
 
-use crate::fiber::wait::{WAIT_TIMED, WaitReason};
+use crate::fiber::wait::{WAIT_TIMED, WAIT_UNWINDING, WaitReason};
 
 /// What a fiber was doing when the dump saw it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -307,7 +307,7 @@ fn describe(rt: &Shared, f: &FiberRef, now: u64) -> Option<FiberInfo> {
         RUNNING => {
             let carrier = f.carrier.load(Ordering::Relaxed) as usize;
             match rt.slots.get(carrier) {
-                Some(slot) if slot.in_blocking.load(Ordering::Acquire) => {
+                Some(slot) if slot.in_blocking(Ordering::Acquire) => {
                     let at = slot.location.load(Ordering::Acquire);
                     if at.is_null() {
                         FiberState::Running { carrier }
@@ -475,6 +475,21 @@ pub(crate) fn report_blocked(rt: &Shared, carrier: usize, blocked_for: Duration,
         .unwrap_or_else(|| "a fiber".into());
     let (fibers, they, wait) =
         if waiting == 1 { ("fiber", "it", "waits") } else { ("fibers", "they", "wait") };
+    if let Some(reason) = unwinding_wait(rt, carrier) {
+        // Already a vt wait: "use its vt twin" would be wrong advice.
+        eprintln!(
+            "virtual-threads: carrier {carrier} blocked: {line} waits ({reason}) while it unwinds \
+             from a panic (in a destructor), for {} ms, while {waiting} {fibers} that can run only \
+             on this carrier ({they} started there) {wait} behind it. A fiber does not switch out \
+             while it unwinds (the other fibers of its carrier would see \
+             std::thread::panicking()), so its wait holds the carrier: if it waits for one of \
+             those fibers, it waits for ever. Do not wait for other fibers in a destructor while \
+             std::thread::panicking(), or stop the fiber with JoinHandle::cancel instead of a \
+             panic (a stopped fiber's destructors may park). (Reported once per spawn location.)",
+            blocked_for.as_millis()
+        );
+        return;
+    }
     eprintln!(
         "virtual-threads: carrier {carrier} blocked: {line} has blocked its OS thread for {} ms \
          while {waiting} {fibers} that can run only on this carrier ({they} started there) {wait} \
@@ -485,6 +500,22 @@ pub(crate) fn report_blocked(rt: &Shared, carrier: usize, blocked_for: Duration,
          any vt call. (Reported once per spawn location.)",
         blocked_for.as_millis()
     );
+}
+
+/// What the fiber running on `carrier` waits for while it unwinds from a panic, on the
+/// carrier's thread (`WAIT_UNWINDING`), if it does. `None` too with fiber roots off.
+fn unwinding_wait(rt: &Shared, carrier: usize) -> Option<WaitReason> {
+    let mut found = None;
+    rt.roots.for_each_live(|f| {
+        let w = f.wait.load(Ordering::Relaxed);
+        if w & WAIT_UNWINDING != 0
+            && f.state() == RUNNING
+            && f.carrier.load(Ordering::Relaxed) as usize == carrier
+        {
+            found = Some(WaitReason::from_code(w));
+        }
+    });
+    found
 }
 
 // --- SIGQUIT: print every opted-in runtime's dump, as the JVM prints its thread dump. ---

@@ -64,7 +64,11 @@ impl Shared {
             }
             rt.slots[i].thread.get_or_init(std::thread::current);
             rt.slots[i].tid.store(crate::platform::gettid(), Ordering::Relaxed);
+            let serve = rt.clone();
             carrier::Carrier::run(i, rt, worker);
+            // The runtime's drop unwinds the fibers homed here on this thread, before it exits
+            // (their thread-locals live here): `scheduler/shutdown.rs`.
+            super::shutdown::serve(&serve, i);
         });
         #[cfg(test)]
         super::test_hooks::carrier_spawned(self, i);

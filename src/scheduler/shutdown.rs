@@ -54,12 +54,14 @@ pub(crate) struct Drain {
 }
 
 impl Drain {
-    /// Whether a fiber queued now might never be taken by anyone (see `queues_orphaned`).
-    /// SeqCst, with a fence after the queueing: either the drop's emptying of the queues
-    /// comes after the push, or this load sees the flag.
+    /// Whether a fiber queued just now might never be taken by anyone (see `queues_orphaned`).
+    /// No fence needed: the drop sets the flag, then takes every injector shard's lock to empty
+    /// it (`drain_queues`, `Injector::pop_any`). Either it locked the spawner's shard after the
+    /// push (and unwinds the fiber), or before it, and then its unlock, and so its store of the
+    /// flag, happened before the spawner's lock, and this load sees the flag. (A new fiber has
+    /// no home yet, so a spawn from outside the carriers always queues it in the injector.)
     pub(crate) fn queues_orphaned(&self) -> bool {
-        std::sync::atomic::fence(Ordering::SeqCst);
-        self.queues_orphaned.load(Ordering::SeqCst)
+        self.queues_orphaned.load(Ordering::Acquire)
     }
 }
 
@@ -156,9 +158,7 @@ pub(crate) fn run(rt: &Shared, threads: Vec<std::thread::JoinHandle<()>>) {
     for t in threads {
         let _ = t.join();
     }
-    d.queues_orphaned.store(true, Ordering::SeqCst);
-    // Against the spawner's fence: its push is seen by `drain_queues`, or it sees the flag.
-    std::sync::atomic::fence(Ordering::SeqCst);
+    d.queues_orphaned.store(true, Ordering::Release);
     drain_queues(rt);
     for slot in rt.slots.iter() {
         // Timer entries hold records, which hold the runtime: break the cycle.

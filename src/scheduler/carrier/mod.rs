@@ -28,7 +28,6 @@ use corosensei::CoroutineResult;
 
 use super::injector::Batch;
 use super::locations;
-use super::shutdown;
 use super::trace::{self, Event, Kind};
 use super::{CarrierSlot, RECORD_CACHE, STOCK_BATCH, Shared, bump};
 use crate::fiber::context::{self, CarrierState, Running};
@@ -147,7 +146,8 @@ pub(crate) struct Carrier {
 }
 
 impl Carrier {
-    /// The carrier thread's body.
+    /// The carrier thread's loop, to its exit; the thread then serves the runtime's drop
+    /// (`lifecycle.rs`, `shutdown::serve`).
     pub(crate) fn run(index: usize, rt: RuntimeRef, worker: Local<FiberRef>) {
         let slot = NonNull::from(&*rt.slots[index]);
         let c = Carrier {
@@ -203,9 +203,6 @@ impl Carrier {
         unsafe { context::set_carrier(std::ptr::null(), std::ptr::null()) };
         let stock = c.stock.replace(0);
         c.rt.release_stock(stock);
-        // The runtime's drop unwinds the fibers homed here on this thread, before it exits
-        // (their thread-locals live here): `scheduler/shutdown.rs`.
-        shutdown::serve(&c.rt, index);
     }
 
     fn slot(&self) -> &CarrierSlot {
