@@ -61,9 +61,14 @@ pub enum WaitReason {
     /// A futex wait (`syscall(SYS_futex)`, so std's `Mutex`, `RwLock`, `Condvar`, `Once`,
     /// `mpsc` and `thread::park`) interposed by the `hooks` feature.
     HookedFutex,
+    /// A socket or pipe call (`read`, `recv`, `accept`, `poll`, `epoll_wait`, ...) interposed
+    /// by the `hooks` feature, waiting for its descriptor to be readable.
+    HookedRead,
+    /// The same for writability (`write`, `send`, `connect`, ...).
+    HookedWrite,
 }
 
-const REASONS: [WaitReason; 24] = [
+const REASONS: [WaitReason; 26] = [
     WaitReason::Park,
     WaitReason::Sleep,
     WaitReason::Join,
@@ -88,6 +93,8 @@ const REASONS: [WaitReason; 24] = [
     WaitReason::Blocking,
     WaitReason::HookedSleep,
     WaitReason::HookedFutex,
+    WaitReason::HookedRead,
+    WaitReason::HookedWrite,
 ];
 
 /// In a record's `wait` byte: the park has a deadline (a timer will wake it).
@@ -125,6 +132,8 @@ impl WaitReason {
                 | WaitReason::Future
                 | WaitReason::Signal
                 | WaitReason::Blocking
+                | WaitReason::HookedRead
+                | WaitReason::HookedWrite
         )
     }
 }
@@ -155,7 +164,13 @@ impl fmt::Display for WaitReason {
             WaitReason::Signal => "a signal (vt::signal)",
             WaitReason::Blocking => "vt::blocking on a helper thread",
             WaitReason::HookedSleep => "a hooked libc sleep (nanosleep, clock_nanosleep, usleep, sleep)",
-            WaitReason::HookedFutex => "a hooked futex wait (a std lock, Condvar, Once, mpsc or park)",
+            WaitReason::HookedFutex => {
+                "a hooked futex wait (a std lock, Condvar, Once, mpsc or park; std's mpsc and \
+                 thread::park never wake a fiber from another fiber of its carrier: use vt::channel \
+                 and vt::park there, arch/decisions/0011)"
+            }
+            WaitReason::HookedRead => "a hooked socket or pipe read (read, recv, accept, poll, epoll_wait)",
+            WaitReason::HookedWrite => "a hooked socket or pipe write (write, send, connect)",
         })
     }
 }
