@@ -53,7 +53,9 @@
 //! Every table starts and ends with the host's cross-core latency mode (`host_mode`: a
 //! round-trip probe between CPUs 0 and 1): this VM moves between a fast and a slow mode, and
 //! figures from the two are never compared. `WORKLOADS_PARTS=floor` is the short run for the
-//! floor (W1 and W5: vt, vt1, tokio, bare, bare1; about 20 s).
+//! floor (W1 and W5: vt, vt1, tokio, bare, bare1; about 20 s). `WORKLOADS_PARTS=skew`: the
+//! price of home carriers when the heavy half of 1,000 long-lived tasks started on one carrier
+//! (`skew.rs`).
 
 use std::io::Write;
 use std::process::Command;
@@ -177,6 +179,12 @@ fn main() {
         let suite =
             SUITE.iter().filter(|w| FLOOR_WORKLOADS.contains(&w.id) && args.wants(w.id, &w.runtimes()));
         print_table(&peers, &args, suite);
+        if args.wants("W1_fork_join", &["vt"]) {
+            w1::spread(&peers);
+        }
+    }
+    if args.part("skew") && args.wants("skew", &["vt", "tokio"]) {
+        skew::report(&peers);
     }
     if args.part("w6") && args.wants("W6_parked_memory", &["vt", "tokio"]) {
         w6::report();
@@ -274,6 +282,25 @@ mod w1 {
     /// The same op on one carrier.
     pub fn vt1(p: &Peers) {
         on(&p.vt1);
+    }
+
+    /// Where one more op's fibers started and how they got there, on all carriers: the
+    /// spawner's carrier runs what the others do not take, so this says how parallel the op
+    /// was (the floor's speed-up of all carriers over one).
+    pub fn spread(p: &Peers) {
+        let before = p.vt.metrics().per_carrier;
+        vt(p);
+        let after = p.vt.metrics().per_carrier;
+        let delta = |f: fn(&vt::CarrierMetrics) -> u64| -> Vec<u64> {
+            after.iter().zip(&before).map(|(a, b)| f(a) - f(b)).collect()
+        };
+        println!(
+            "W1 on {} carriers, one more op: fibers started per carrier {:?}, stolen {:?}, from the injector {:?}",
+            cores(),
+            delta(|c| c.fibers_started),
+            delta(|c| c.steals),
+            delta(|c| c.injector_pops),
+        );
     }
 
     /// The floor of a fiber's life, with no scheduler: corosensei's spawn-run-drop on pooled
@@ -705,6 +732,9 @@ mod w5 {
     }
 }
 
+#[path = "workloads/skew.rs"]
+mod skew;
+
 mod w6 {
     //! W6 parked_memory: spawn n tasks that each wait on one shared gate (a write-locked
     //! `RwLock` that each task read-locks); once all have started (a countdown and a one-shot
@@ -1119,7 +1149,7 @@ fn floor_table(medians: &[(&str, Vec<(&str, f64)>)]) {
     }
     let unit = |id: &str| if id.starts_with("W1") { "per fiber" } else { "per yield" };
     println!(
-        "\nThe floor: ns {{per fiber (W1), per yield (W5)}}, medians; 1 = one carrier or thread, {} = all",
+        "\nThe floor: ns per fiber (W1) or per yield (W5), medians; `1`: one carrier or thread, else {}; speed-up: vt over vt1",
         cores()
     );
     println!(
@@ -1285,8 +1315,8 @@ struct Args {
     /// `WORKLOADS_RUNTIMES=vt,tokio`: only these runtimes (vt always runs: the ratios are to it).
     runtimes: Option<Vec<String>>,
     /// `WORKLOADS_PARTS=table,w7`: only these parts of the run (`criterion`, `table`, `floor`,
-    /// `w6`, `w7`), for a short run such as the 16-core scaling script (`.ci/scaling`). `floor`
-    /// is not run unless named.
+    /// `w6`, `w7`, `skew`), for a short run such as the 16-core scaling script (`.ci/scaling`).
+    /// `floor` and `skew` are not run unless named.
     parts: Option<Vec<String>>,
 }
 
@@ -1321,7 +1351,7 @@ impl Args {
     fn part(&self, part: &str) -> bool {
         match &self.parts {
             Some(parts) => parts.iter().any(|x| x == part),
-            None => part != "floor",
+            None => part != "floor" && part != "skew",
         }
     }
 

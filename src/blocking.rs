@@ -96,6 +96,15 @@ unsafe fn run_call<F: FnOnce() -> T, T>(data: *const ()) {
 /// wait for one another never ran: 300 fibers in `vt::blocking(|| barrier.wait())` on a
 /// barrier of 300 waited for ever, silently, with 256 helpers in the barrier.
 fn submit(task: Task) -> Result<(), ()> {
+    // A helper or a caller may hold the pool's lock when another thread forks: the child's
+    // first `vt::blocking` waited for ever (hung at fork 1 or 3 of 40 under call churn).
+    #[cfg(not(loom))]
+    {
+        static AROUND_FORK: std::sync::Once = std::sync::Once::new();
+        AROUND_FORK.call_once(|| {
+            crate::platform::hold_across_fork(|| Box::new(POOL.lock().unwrap_or_else(|e| e.into_inner())))
+        });
+    }
     let mut p = POOL.lock().unwrap_or_else(|e| e.into_inner());
     let forks = crate::platform::forks();
     if p.forks != forks {

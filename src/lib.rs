@@ -142,5 +142,6 @@ pub use runtime::metrics::{BlockingLocation, CarrierMetrics, Metrics};
 pub use runtime::spawn::{Builder, spawn};
 pub use runtime::{Handle, Runtime};
 pub use scheduler::diagnostics::{FiberDump, FiberGroup, FiberInfo, FiberState};
+pub use scheduler::trace::TraceSummary;
 pub use scope::{Scope, ScopedJoinHandle, join, pinned, scope};
 pub use task_scope::{TaskError, TaskScope, Tasks};

@@ -3,10 +3,12 @@
 //!
 //! - panics: in a fiber's body (at its first run, after a park, inside `vt::blocking`,
 //!   `vt::pinned`, nested spawns, `vt::join` and scopes), in a destructor (on a normal return,
-//!   during unwinding: aborts like std, and a destructor that *waits* during unwinding), in a
+//!   during unwinding: aborts like std, and reported naming the fiber when a stop unwinds it; a
+//!   destructor that *waits* during unwinding), in a
 //!   `fiber_local!` initialiser and destructor, and while holding a `vt::sync` lock (poisoning,
 //!   with waiters parked on it);
-//! - resources: fiber stacks (address space capped with `RLIMIT_AS`) and file descriptors
+//! - resources: fiber stacks (address space capped with `RLIMIT_AS`, also under fibers already
+//!   queued: their joins fail and stderr says so) and file descriptors
 //!   (`RLIMIT_NOFILE`): an `io::Error`, never a crash or a hang;
 //! - runtime drop: fibers blocked in `vt::net` reads and accepts, channel and lock waits,
 //!   `park`, `sleep`, a condvar, a semaphore, a join and `vt::blocking`: the drop returns, every
@@ -232,6 +234,67 @@ fn a_destructor_that_panics_while_unwinding_aborts_the_process_like_std() {
     assert!(stderr.contains("first panic, in the fiber"), "{stderr}");
     assert!(stderr.contains("second panic, in a destructor"), "{stderr}");
     assert!(stderr.contains("panic in a destructor during cleanup"), "std's abort message: {stderr}");
+}
+
+/// A destructor that panics while a stop unwinds its fiber (`JoinHandle::cancel`, or the
+/// runtime's drop) aborts the process: Rust's rule for a panic during an unwind, which no
+/// runtime can catch. What the runtime owes is a report that names the fiber, its spawn site and
+/// the unwind (before, only the runtime's unrelated "panicked while being cancelled" line, as if
+/// it were survivable). A destructor that panics where no unwind runs (a never-started fiber's
+/// closure, dropped by the drop) is caught: the process goes on.
+#[test]
+fn a_destructor_that_panics_while_a_stop_unwinds_its_fiber_is_reported() {
+    const TEST: &str = "a_destructor_that_panics_while_a_stop_unwinds_its_fiber_is_reported";
+    if let Some(case) = child_case() {
+        let rt = vt::Runtime::builder().carriers(1).deadlock_report(None).build().unwrap();
+        if case == "unstarted" {
+            // Never started: the runtime's drop drops its closure, outside any unwind.
+            let bomb = PanicOnDrop("an unstarted fiber's capture's panic");
+            let _busy = rt.spawn(|| std::thread::sleep(Duration::from_millis(100)));
+            let unstarted = rt.spawn(move || drop(bomb));
+            drop(rt);
+            assert!(unstarted.join().is_err());
+            println!("child: ok");
+            return;
+        }
+        let (parked_tx, parked_rx) = mpsc::channel::<()>();
+        let h = vt::Builder::new()
+            .name("bomber".into())
+            .spawn_on(&rt.handle(), move || {
+                let _bomb = PanicOnDrop("a destructor's panic");
+                parked_tx.send(()).unwrap();
+                vt::sleep(Duration::from_secs(3600));
+            })
+            .unwrap();
+        parked_rx.recv().unwrap();
+        if case == "cancel" {
+            h.cancel();
+            let _ = h.join();
+        } else {
+            drop(rt);
+        }
+        println!("child: not aborted");
+        return;
+    }
+    for (case, why) in [
+        ("cancel", "while it was being stopped (JoinHandle::cancel"),
+        ("drop", "while its runtime's drop was unwinding it"),
+    ] {
+        let out = run_child(TEST, case);
+        let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
+        assert_eq!(out.status.signal(), Some(libc::SIGABRT), "stdout: {stdout}\nstderr: {stderr}");
+        assert!(!stdout.contains("not aborted"), "{stdout}");
+        let line = stderr
+            .lines()
+            .find(|l| l.contains("a destructor of fiber"))
+            .unwrap_or_else(|| panic!("{stderr}"));
+        assert!(line.contains("\"bomber\"") && line.contains("tests/faults.rs"), "names the fiber: {line}");
+        assert!(line.contains(why) && line.contains("std::thread::panicking()"), "{line}");
+        assert!(!stderr.contains("panicked while being cancelled"), "no survivable-sounding line: {stderr}");
+    }
+    let out = run_child(TEST, "unstarted");
+    child_ok(&out);
+    assert!(text(&out.stderr).contains("an unstarted fiber's capture's panic"), "reported");
 }
 
 #[test]
@@ -511,6 +574,66 @@ fn running_out_of_stack_memory_is_an_io_error_from_builder_and_a_clear_panic_fro
         assert!(msg.contains("address space") && msg.contains("ulimit -v"), "{msg}");
         assert!(msg.contains("stack_size"), "names the setting to lower: {msg}");
     }
+}
+
+/// Fibers queued while the address space runs out: spawn made sure of one stack, not of one
+/// per queued fiber, so those past the pooled stacks cannot start. Their joins say why, and so
+/// does stderr, once, for the detached ones (19,132 detached spawns under `ulimit -v` returned
+/// `Ok`, none ran, and nothing was printed). The runtime goes on.
+#[test]
+fn queued_fibers_that_cannot_get_a_stack_fail_their_join_and_say_so() {
+    const TEST: &str = "queued_fibers_that_cannot_get_a_stack_fail_their_join_and_say_so";
+    const STACK: usize = 4 << 20;
+    if child_case().as_deref() == Some("queued-stacks") {
+        // One carrier and no spare: the queued fibers run only when the spinner lets go.
+        let rt = vt::Runtime::builder().carriers(1).max_carriers(1).deadlock_report(None).build().unwrap();
+        let h = rt.handle();
+        // Carves the class's first arena (64 stacks of 4 MiB); room for no second one.
+        vt::Builder::new().stack_size(STACK).spawn_on(&h, || ()).unwrap().join().unwrap();
+        set_limit(libc::RLIMIT_AS, address_space() + (128 << 20));
+        let go = Arc::new(AtomicBool::new(false));
+        let (spinning_tx, spinning_rx) = mpsc::channel::<()>();
+        let spinner = {
+            let go = go.clone();
+            rt.spawn(move || {
+                spinning_tx.send(()).unwrap();
+                while !go.load(SeqCst) {
+                    std::hint::spin_loop();
+                }
+            })
+        };
+        spinning_rx.recv().unwrap();
+        let (_never_tx, never) = channel::bounded::<()>(0);
+        let mut joined = Vec::new();
+        for i in 0..200 {
+            let never = never.clone();
+            let h = vt::Builder::new()
+                .stack_size(STACK)
+                .spawn_on(&h, move || {
+                    let _ = never.recv();
+                })
+                .expect("a stack is pooled: the spawn is Ok");
+            if i >= 190 {
+                joined.push(h); // the others are detached
+            }
+        }
+        go.store(true, SeqCst);
+        spinner.join().unwrap();
+        for h in joined {
+            println!("join: {}", message(&*h.join().unwrap_err()));
+        }
+        assert_eq!(rt.block_on(|| vt::spawn(|| 7).join().unwrap()), 7, "the runtime goes on");
+        println!("child: ok");
+        return;
+    }
+    let out = run_child(TEST, "queued-stacks");
+    let stdout = child_ok(&out);
+    let stderr = text(&out.stderr);
+    assert_eq!(stdout.matches("join: fiber could not start: ").count(), 10, "{stdout}");
+    assert!(stdout.contains("ulimit -v"), "the join names the limit: {stdout}");
+    let said: Vec<&str> = stderr.lines().filter(|l| l.contains("could not start")).collect();
+    assert_eq!(said.len(), 1, "said once for the spawn site: {stderr}");
+    assert!(said[0].contains("tests/faults.rs") && said[0].contains("ulimit -v"), "{}", said[0]);
 }
 
 #[test]

@@ -173,6 +173,28 @@ fn fork_from_a_fiber_leaves_the_parent_running_and_the_child_on_a_fresh_runtime(
     println!("parent: ok");
 }
 
+/// Forks `n` times; each child runs `child` (its spawns go to its fresh default runtime) and
+/// ends with `_exit`, with status 0 if it returned true. Fails on a child that says false or
+/// hangs (a lock held at the fork stayed held).
+fn fork_children(n: usize, child: fn() -> bool) {
+    for i in 0..n {
+        // SAFETY: the child only runs `child`, then ends with `_exit` (no destructors or atexit
+        // handlers of the parent's state).
+        let pid = unsafe { libc::fork() };
+        assert!(pid >= 0, "fork failed");
+        if pid == 0 {
+            let ok = child();
+            // SAFETY: ends the child at once.
+            unsafe { libc::_exit(if ok { 0 } else { 10 }) };
+        }
+        match wait_child(pid, STEP) {
+            Some(0) => {}
+            Some(code) => panic!("fork {i}: the child's fiber did not finish its work (exit {code})"),
+            None => panic!("fork {i}: the child hung (a lock held at the fork stayed held)"),
+        }
+    }
+}
+
 /// A `fork` copies only the forking thread, so a lock another thread held at that moment stays
 /// held in the child. The stack pools are process-wide and the child's fresh runtime takes its
 /// stacks from them: with carriers and the scavenger busy in the pools at every fork, each child
@@ -210,23 +232,44 @@ fn a_fork_while_other_threads_churn_the_stack_pools_leaves_the_child_able_to_spa
             })
         })
         .collect();
-    for i in 0..FORKS {
-        // SAFETY: the child only spawns and joins a fiber on its fresh default runtime, then
-        // ends with `_exit` (no destructors or atexit handlers of the parent's state).
-        let pid = unsafe { libc::fork() };
-        assert!(pid >= 0, "fork failed");
-        if pid == 0 {
-            let ok = vt::spawn(|| 7).join().ok() == Some(7);
-            // SAFETY: ends the child at once.
-            unsafe { libc::_exit(if ok { 0 } else { 10 }) };
-        }
-        match wait_child(pid, STEP) {
-            Some(0) => {}
-            Some(code) => panic!("fork {i}: the child's fiber did not run (exit {code})"),
-            None => panic!("fork {i}: the child hung (a lock held at the fork stayed held)"),
-        }
-    }
+    fork_children(FORKS, || vt::spawn(|| 7).join().ok() == Some(7));
     stop.store(true, Ordering::Relaxed);
     churners.into_iter().for_each(|t| t.join().unwrap());
+    println!("parent: ok");
+}
+
+/// As above for the `vt::blocking` helpers' pool, whose lock helpers and callers take at every
+/// call: with two threads' fibers making blocking calls at every fork, each child's fiber must
+/// still get its own blocking call run.
+#[test]
+fn a_fork_while_fibers_make_blocking_calls_leaves_the_child_able_to_make_them() {
+    const NAME: &str = "a_fork_while_fibers_make_blocking_calls_leaves_the_child_able_to_make_them";
+    const FORKS: usize = 40;
+    if std::env::var(CHILD).is_err() {
+        in_child_process(NAME, "blocking");
+        return;
+    }
+    let rt = Arc::new(vt::Runtime::builder().carriers(2).build().unwrap());
+    let stop = Arc::new(AtomicBool::new(false));
+    let callers: Vec<_> = (0..2)
+        .map(|_| {
+            let (rt, stop) = (rt.clone(), stop.clone());
+            std::thread::spawn(move || {
+                while !stop.load(Ordering::Relaxed) {
+                    rt.block_on(|| {
+                        let hs: Vec<_> = (0..16u32)
+                            .map(|i| {
+                                vt::spawn(move || (0..50).map(|j| vt::blocking(move || i + j)).sum::<u32>())
+                            })
+                            .collect();
+                        hs.into_iter().for_each(|h| assert!(h.join().is_ok()));
+                    });
+                }
+            })
+        })
+        .collect();
+    fork_children(FORKS, || vt::spawn(|| vt::blocking(|| 7)).join().ok() == Some(7));
+    stop.store(true, Ordering::Relaxed);
+    callers.into_iter().for_each(|t| t.join().unwrap());
     println!("parent: ok");
 }

@@ -6,8 +6,9 @@
 //! `#[cfg(test)]` modules are left out (unit tests may use any layer); the most specific entry
 //! of `layers.txt` wins. Two more rules keep the plan readable: the crate's own code names an
 //! item by the module it lives in, never through `lib.rs`'s re-exports (those are the public
-//! API), and no two top-level modules of `src/` reach each other through their imports, which a
-//! layer shared by several modules would hide.
+//! API), no two top-level modules of `src/` reach each other through their imports, which a
+//! layer shared by several modules would hide, and no item is reached both through a module's
+//! `use` of it and by its own path (`double_paths`).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
@@ -22,7 +23,7 @@ fn no_file_uses_a_layer_above_its_own() {
     let problems = check(&files, &layers);
     assert!(
         problems.is_empty(),
-        "{} upward reference(s) or unlisted file(s) (arch/layers.txt):\n{}",
+        "{} upward reference(s), unlisted file(s), cycle(s) or item(s) named two ways (arch/layers.md):\n{}",
         problems.len(),
         problems.join("\n")
     );
@@ -69,6 +70,44 @@ fn the_check_finds_upward_references() {
     }
     assert!(problems.iter().any(|p| p == "src/stray.rs: not in arch/layers.txt"), "{problems:#?}");
     assert_eq!(problems.len(), 9, "{problems:#?}");
+}
+
+/// The double-path check reports an item that one file takes through a module's `use` of it
+/// (public, or private to that module's children) and another by the path the `use` names; it
+/// leaves alone an item named one way only, a `use` nobody else goes through, and `loom.rs`.
+#[test]
+fn the_check_finds_items_reached_two_ways() {
+    let files: BTreeMap<String, String> = [
+        ("lib.rs", "mod a;\nmod b;\n"),
+        ("a/mod.rs", "mod inner;\npub(crate) use inner::{Thing, Lone};\nuse inner::Other;\n"),
+        ("a/inner.rs", "pub struct Thing;\npub struct Other;\npub struct Lone;\n"),
+        ("a/child.rs", "use super::Other;\nuse super::Lone;\n"),
+        ("b/one.rs", "use crate::a::Thing;\n"),
+        ("b/two.rs", "use crate::a::inner::Thing;\nfn f() { crate::a::inner::Other; }\n"),
+        ("b/other.rs", "use crate::a::Other;\n"),
+        ("b/loom.rs", "pub(crate) use crate::a::inner::Thing as Fiber;\n"),
+        ("b/three.rs", "use super::loom::Fiber;\n"),
+    ]
+    .into_iter()
+    .map(|(f, t)| (f.to_string(), t.to_string()))
+    .collect();
+    let problems = double_paths(&files);
+    assert_eq!(problems.len(), 2, "{problems:#?}");
+    assert!(
+        problems.iter().any(|p| p.starts_with(
+            "crate::a::inner::Thing is also crate::a::Thing (a use in src/a/mod.rs): \
+             src/b/two.rs name it the one way, src/b/one.rs the other"
+        )),
+        "{problems:#?}"
+    );
+    // A private `use`: only the module's own children go through it (`b/other.rs` cannot).
+    assert!(
+        problems.iter().any(|p| p.starts_with(
+            "crate::a::inner::Other is also crate::a::Other (a use in src/a/mod.rs): \
+             src/b/two.rs name it the one way, src/a/child.rs the other"
+        )),
+        "{problems:#?}"
+    );
 }
 
 /// Every `.rs` file under `dir`, by its path relative to `src`.
@@ -175,7 +214,88 @@ fn check(files: &BTreeMap<String, String>, layers_txt: &str) -> Vec<String> {
         }
     }
     problems.extend(cycles(&edges));
+    problems.extend(double_paths(files));
     problems
+}
+
+/// Items named two ways. A `use` in module `m` makes `m::name` a second path to the item it
+/// imports: for `m` and the modules inside it, or for the whole crate if the `use` is `pub`.
+/// When one file takes an item through such a second path while another names it by the path
+/// the `use` itself names, the crate's code reaches one item two ways: one line per such item.
+/// lib.rs's re-exports have their own rule (in `check`); the loom facades (`loom.rs`) name
+/// std's or loom's items by `cfg`, so their second paths are the point.
+fn double_paths(files: &BTreeMap<String, String>) -> Vec<String> {
+    let stripped: BTreeMap<&str, String> = files.iter().map(|(f, t)| (f.as_str(), strip(t))).collect();
+    let named: BTreeMap<&str, Vec<Vec<String>>> = stripped
+        .iter()
+        .map(|(f, t)| (*f, paths_in(t).iter().map(|p| absolute(&module_of(f), p)).collect()))
+        .collect();
+    let mut out = Vec::new();
+    for (&f, text) in &stripped {
+        if f == "lib.rs" || f.ends_with("loom.rs") {
+            continue;
+        }
+        let here = module_of(f);
+        let public: BTreeSet<String> = ["pub use ", "pub(crate) use ", "pub(super) use "]
+            .iter()
+            .flat_map(|l| statements(text, l))
+            .collect();
+        for tree in statements(text, "use ") {
+            for (path, name) in expand_named(&tree) {
+                let Some(item) = crate_path(files, &here, &path) else { continue };
+                let alias: Vec<String> = here.iter().cloned().chain([name]).collect();
+                if alias == item || alias.last().is_some_and(|n| n == "*") || is_module(files, &alias) {
+                    continue;
+                }
+                // Who may name the alias: the module and those inside it, or everyone.
+                let scope: &[String] = if public.contains(&tree) { &[] } else { &here };
+                let home = module_file(files, &item);
+                let (mut by_alias, mut by_item) = (BTreeSet::new(), BTreeSet::new());
+                for (&g, paths) in &named {
+                    if g == f || home.as_deref() == Some(g) || g.ends_with("loom.rs") {
+                        continue;
+                    }
+                    for p in paths {
+                        if p.starts_with(&alias) && module_of(g).starts_with(scope) {
+                            by_alias.insert(format!("src/{g}"));
+                        }
+                        if p.starts_with(&item) {
+                            by_item.insert(format!("src/{g}"));
+                        }
+                    }
+                }
+                if !by_alias.is_empty() && !by_item.is_empty() {
+                    let list = |s: BTreeSet<String>| s.into_iter().collect::<Vec<_>>().join(", ");
+                    out.push(format!(
+                        "crate::{} is also crate::{} (a use in src/{f}): {} name it the one way, {} the \
+                         other; name it one way",
+                        item.join("::"),
+                        alias.join("::"),
+                        list(by_item),
+                        list(by_alias)
+                    ));
+                }
+            }
+        }
+    }
+    out
+}
+
+/// The crate path a `use` path in module `here` names: `crate::`, `super::` and `self::` paths,
+/// and a path through a child module (`use state::Word;` in `fiber/mod.rs`); `None` for another
+/// crate's (`std::`, a dependency's).
+fn crate_path(files: &BTreeMap<String, String>, here: &[String], path: &str) -> Option<Vec<String>> {
+    let first = path.split("::").next().unwrap_or("").trim();
+    if ["crate", "super", "self"].contains(&first) {
+        return Some(absolute(here, path));
+    }
+    let child: Vec<String> = here.iter().cloned().chain([first.to_string()]).collect();
+    is_module(files, &child).then(|| absolute(here, &format!("self::{path}")))
+}
+
+/// Whether `segs` names a module (a file of its own).
+fn is_module(files: &BTreeMap<String, String>, segs: &[String]) -> bool {
+    module_file(files, segs).is_some_and(|f| module_of(&f) == segs)
 }
 
 /// Import cycles among the top-level modules (which a layer order hides when several modules
@@ -391,9 +511,19 @@ fn inline_paths(text: &str, lead: &str) -> Vec<String> {
 
 /// The paths of a use tree such as `a::{b, c::{d, e}}`.
 fn expand(tree: &str) -> Vec<String> {
+    expand_named(tree).into_iter().map(|(path, _)| path).collect()
+}
+
+/// The paths of a use tree, each with the name it brings into scope: its last segment, the
+/// module's for `self`, or what `as` renames it to.
+fn expand_named(tree: &str) -> Vec<(String, String)> {
     let tree = tree.trim();
     let (Some(open), true) = (tree.find('{'), tree.ends_with('}')) else {
-        return vec![tree.split(" as ").next().unwrap().trim().to_string()];
+        let (path, name) = match tree.split_once(" as ") {
+            Some((path, name)) => (path.trim(), name.trim()),
+            None => (tree, tree.rsplit("::").next().unwrap_or(tree).trim()),
+        };
+        return vec![(path.to_string(), name.to_string())];
     };
     let prefix = tree[..open].trim_end_matches("::");
     let body = &tree[open + 1..tree.len() - 1];
@@ -401,8 +531,13 @@ fn expand(tree: &str) -> Vec<String> {
     for c in body.chars().chain([',']) {
         if c == ',' && depth == 0 {
             if !cur.trim().is_empty() {
-                for p in expand(&cur) {
-                    out.push(if prefix.is_empty() { p } else { format!("{prefix}::{p}") });
+                for (p, name) in expand_named(&cur) {
+                    let name = if name == "self" {
+                        prefix.rsplit("::").next().unwrap_or("").to_string()
+                    } else {
+                        name
+                    };
+                    out.push((if prefix.is_empty() { p } else { format!("{prefix}::{p}") }, name));
                 }
             }
             cur.clear();

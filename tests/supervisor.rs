@@ -258,6 +258,102 @@ fn carriers_that_run_on_the_cpu_are_not_compensated() {
     assert!(m.carriers_peak <= 4, "computing carriers were compensated: {m}");
 }
 
+/// On one carrier, a destructor that runs while its fiber unwinds from a panic and waits for
+/// another fiber of that carrier: a fiber does not switch out while it unwinds, so the wait
+/// holds the carrier and the other fiber cannot run. The "blocked" report must come every time
+/// (2 of 4 runs before: it looked at the thread once, maybe between two of its 1 ms sleeps) and
+/// say what happens; "use its vt twin" was wrong advice, since the wait already is one. Here
+/// the destructor gives up after 3 s, so the child ends.
+#[test]
+fn a_destructor_that_waits_on_its_carrier_while_unwinding_is_reported_as_such() {
+    const NAME: &str = "a_destructor_that_waits_on_its_carrier_while_unwinding_is_reported_as_such";
+    if std::env::var(CHILD).as_deref() == Ok("unwinding") {
+        struct AskOnDrop(vt::channel::Sender<()>, vt::channel::Receiver<()>);
+        impl Drop for AskOnDrop {
+            fn drop(&mut self) {
+                self.0.send(()).unwrap();
+                // Only the provider, at home on this same carrier, can answer.
+                let answer = self.1.recv_timeout(Duration::from_secs(3));
+                println!("answered: {}", answer.is_ok());
+            }
+        }
+        let rt = vt::Runtime::builder().carriers(1).deadlock_report(None).build().unwrap();
+        let (ask_tx, ask_rx) = vt::channel::bounded::<()>(1);
+        let (answer_tx, answer_rx) = vt::channel::bounded::<()>(1);
+        let (ready_tx, ready_rx) = mpsc::channel::<()>();
+        let provider = rt.spawn(move || {
+            ready_tx.send(()).unwrap();
+            ask_rx.recv().unwrap();
+            let _ = answer_tx.send(());
+        });
+        ready_rx.recv().unwrap(); // started: at home on the only carrier
+        let unwinder = vt::Builder::new()
+            .name("unwinder".into())
+            .spawn_on(&rt.handle(), move || {
+                let _ask = AskOnDrop(ask_tx, answer_rx);
+                panic!("the unwinder's panic");
+            })
+            .unwrap();
+        assert!(unwinder.join().is_err());
+        provider.join().unwrap();
+        println!("child: ok");
+        return;
+    }
+    let out = common::rerun_self(NAME, CHILD, "unwinding").output().unwrap();
+    let (_, stderr) = common::child_output(&out, "child: ok");
+    let line =
+        stderr.lines().find(|l| l.contains("blocked:")).unwrap_or_else(|| panic!("no report: {stderr}"));
+    assert!(line.contains("\"unwinder\"") && line.contains("tests/supervisor.rs"), "names the fiber: {line}");
+    assert!(
+        line.contains("while it unwinds") && line.contains("std::thread::panicking()"),
+        "says why: {line}"
+    );
+    assert!(!line.contains("vt twin"), "no advice to use what it already uses: {line}");
+}
+
+/// Fibers spawned from a plain thread wait in the injector, not behind any one carrier: with
+/// every carrier held by a fiber that computes without a switch point, nothing took them, and no
+/// spare was started however far below `max_carriers` the runtime was (7 unstarted fibers waited
+/// 10 s behind 6 spinning carriers). The age of the oldest queued fiber is the signal.
+#[test]
+fn unstarted_fibers_queued_behind_spinning_carriers_get_a_spare() {
+    let rt = vt::Runtime::builder().carriers(2).max_carriers(8).deadlock_report(None).build().unwrap();
+    let release = Arc::new(AtomicBool::new(false));
+    let spinning = Arc::new(AtomicUsize::new(0));
+    let spinners: Vec<_> = (0..2)
+        .map(|_| {
+            let (release, spinning) = (release.clone(), spinning.clone());
+            rt.spawn(move || {
+                spinning.fetch_add(1, Ordering::SeqCst);
+                while !release.load(Ordering::Relaxed) {
+                    std::hint::spin_loop();
+                }
+            })
+        })
+        .collect();
+    eventually("both carriers spin", || spinning.load(Ordering::SeqCst) == 2);
+    let ran = Arc::new(AtomicUsize::new(0));
+    let queued: Vec<_> = (0..3)
+        .map(|_| {
+            let ran = ran.clone();
+            rt.spawn(move || {
+                ran.fetch_add(1, Ordering::SeqCst);
+            })
+        })
+        .collect();
+    // Generous: the rule needs ~100 ms of stall and queueing; CI is a loaded machine.
+    let t = Instant::now();
+    while ran.load(Ordering::SeqCst) < 3 && t.elapsed() < Duration::from_secs(10) {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let (n, waited) = (ran.load(Ordering::SeqCst), t.elapsed());
+    release.store(true, Ordering::Relaxed);
+    spinners.into_iter().chain(queued).for_each(|h| h.join().unwrap());
+    assert_eq!(n, 3, "queued fibers ran while both carriers spun (after {waited:?})");
+    let m = rt.metrics();
+    assert!(m.carriers_peak <= 8, "within max_carriers: {m}");
+}
+
 /// `vt::blocking` runs its closure on a helper thread: a hundred blockers at once complete
 /// without any carrier blocking, so none is compensated for.
 #[test]

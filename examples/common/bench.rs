@@ -17,12 +17,16 @@ use virtual_threads as vt;
 use vt::signal::{Signal, Signals};
 
 /// The runtime an example measures: `carriers` carriers, or the runtime's default (one per
-/// usable CPU). Takes over Ctrl-C and SIGTERM (`stop_on_signals`). Exits with status 1, naming
+/// usable CPU), recording an execution trace into `$VT_TRACE` when that is set, as the default
+/// runtime does. Takes over Ctrl-C and SIGTERM (`stop_on_signals`). Exits with status 1, naming
 /// `program`, if either cannot be set up.
 pub fn runtime(program: &str, carriers: Option<usize>) -> vt::Runtime {
     let mut builder = vt::Runtime::builder();
     if let Some(c) = carriers {
         builder = builder.carriers(c);
+    }
+    if let Some(path) = std::env::var_os("VT_TRACE").filter(|p| !p.is_empty()) {
+        builder = builder.trace(path);
     }
     let rt = builder.build().unwrap_or_else(|e| fail(program, &format!("cannot build the runtime: {e}")));
     stop_on_signals(program);

@@ -6,8 +6,9 @@
 use std::time::Instant;
 
 use super::chan::{Chan, Got, Reserved, Slot, SlotWaiter};
+use super::error::{RecvError, SendError, TryRecvError, TrySendError};
 use super::select::{Arm, ArmOps, Poll};
-use super::{Receiver, RecvError, SendError, Sender, TryRecvError, TrySendError};
+use super::{Receiver, Sender};
 use crate::sync::loom::Arc;
 use crate::sync::wait_list::Waiter;
 

@@ -10,9 +10,11 @@ use std::time::{Duration, Instant};
 
 use super::arms::{NeverArm, RecvArm, WatchArm};
 use super::chan::{Chan, Reserved};
-use super::error::{ReadyTimeoutError, SelectTimeoutError, TryReadyError, TrySelectError};
+use super::error::{
+    ReadyTimeoutError, RecvError, SelectTimeoutError, SendError, TryReadyError, TrySelectError,
+};
 use super::select::{self, ArmList, ArmOps, Deadline};
-use super::{Receiver, RecvError, SendError, Sender};
+use super::{Receiver, Sender};
 
 /// `let mut sel = vt::channel::Select::new(); let i = sel.recv(&rx1); let op = sel.select();`
 ///

@@ -14,7 +14,7 @@
 use std::fmt;
 use std::time::Duration;
 
-use super::{RecvError, RecvTimeoutError, TryRecvError, TrySendError};
+use super::error::{RecvError, RecvTimeoutError, TryRecvError, TrySendError};
 
 /// `let (tx, rx) = vt::channel::oneshot::channel::<u64>();`
 ///

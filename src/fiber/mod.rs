@@ -17,6 +17,7 @@ pub(crate) mod join;
 pub(crate) mod local;
 mod local_map;
 pub(crate) mod overflow;
+pub(crate) mod panic_hook;
 pub(crate) mod park;
 pub(crate) mod schedule;
 pub(crate) mod scope_data;

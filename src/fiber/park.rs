@@ -19,7 +19,7 @@ use super::context;
 use super::handle::Fiber;
 use super::schedule::{RuntimeRef, Schedule};
 use super::stop;
-use super::wait::{PlainCall, WAIT_TIMED, WaitReason, plain_activity};
+use super::wait::{PlainCall, WAIT_TIMED, WAIT_UNWINDING, WaitReason, plain_activity};
 use super::{FiberRecord, Suspend};
 
 /// The fiber running this code, borrowed from a guard that lives in the fiber's own frame: the
@@ -145,7 +145,7 @@ fn park_plain(rec: &FiberRecord, cancelling: bool, reason: WaitReason, deadline:
         if may_park_while_unwinding(rec) {
             return park_counted(rec, reason, deadline);
         }
-        park_unwinding(rec, deadline);
+        park_unwinding(rec, reason, deadline);
         return false;
     }
     park_switch(rec, reason, deadline)
@@ -254,17 +254,20 @@ pub(crate) fn finished(f: &Fiber) -> bool {
     f.record().is_none_or(|r| r.state() == super::DONE)
 }
 
-/// A park while the fiber unwinds: wait on this carrier thread without switching.
+/// A park while the fiber unwinds: wait on this carrier thread without switching. Marked in
+/// the record, so that the supervisor's "blocked" report can say why the carrier is held.
 #[cold]
-fn park_unwinding(rec: &FiberRecord, deadline: Option<Instant>) {
+fn park_unwinding(rec: &FiberRecord, reason: WaitReason, deadline: Option<Instant>) {
+    rec.wait.store(reason.code() | WAIT_UNWINDING, Ordering::Relaxed);
     let mut pause = Duration::from_micros(10);
     while !rec.take_token() {
         if deadline.is_some_and(|d| Instant::now() >= d) {
-            return;
+            break;
         }
         std::thread::sleep(pause);
         pause = (pause * 2).min(Duration::from_millis(1));
     }
+    rec.wait.store(reason.code(), Ordering::Relaxed);
 }
 
 /// `for chunk in work.chunks(1024) { crunch(chunk); vt::yield_now(); }`

@@ -83,4 +83,7 @@ pub(crate) trait Schedule {
 
     /// The runtime's coarse clock, when it stamps fibers' states for dumps (else `None`).
     fn stamp(&self) -> Option<u64>;
+
+    /// `rec`, running on this thread, panicked (the panic hook): the execution trace notes it.
+    fn panicked(rec: &FiberRecord);
 }

@@ -61,9 +61,14 @@ pub enum WaitReason {
     /// A futex wait (`syscall(SYS_futex)`, so std's `Mutex`, `RwLock`, `Condvar`, `Once`,
     /// `mpsc` and `thread::park`) interposed by the `hooks` feature.
     HookedFutex,
+    /// A socket or pipe call (`read`, `recv`, `accept`, `poll`, `epoll_wait`, ...) interposed
+    /// by the `hooks` feature, waiting for its descriptor to be readable.
+    HookedRead,
+    /// The same for writability (`write`, `send`, `connect`, ...).
+    HookedWrite,
 }
 
-const REASONS: [WaitReason; 24] = [
+const REASONS: [WaitReason; 26] = [
     WaitReason::Park,
     WaitReason::Sleep,
     WaitReason::Join,
@@ -88,10 +93,16 @@ const REASONS: [WaitReason; 24] = [
     WaitReason::Blocking,
     WaitReason::HookedSleep,
     WaitReason::HookedFutex,
+    WaitReason::HookedRead,
+    WaitReason::HookedWrite,
 ];
 
 /// In a record's `wait` byte: the park has a deadline (a timer will wake it).
 pub(crate) const WAIT_TIMED: u8 = 0x80;
+/// In a record's `wait` byte: the fiber waits while it unwinds from a panic, on its carrier's
+/// thread without switching out (`park::park_unwinding`): the carrier is held, and the fibers at
+/// home there cannot run until the wait ends. For the "blocked" report's advice.
+pub(crate) const WAIT_UNWINDING: u8 = 0x40;
 
 impl WaitReason {
     pub(crate) fn code(self) -> u8 {
@@ -99,7 +110,7 @@ impl WaitReason {
     }
 
     pub(crate) fn from_code(code: u8) -> WaitReason {
-        let i = (code & !WAIT_TIMED) as usize;
+        let i = (code & !(WAIT_TIMED | WAIT_UNWINDING)) as usize;
         // 0 (never parked through a reason) reads as a plain park.
         REASONS.get(i.wrapping_sub(1)).copied().unwrap_or(WaitReason::Park)
     }
@@ -121,6 +132,8 @@ impl WaitReason {
                 | WaitReason::Future
                 | WaitReason::Signal
                 | WaitReason::Blocking
+                | WaitReason::HookedRead
+                | WaitReason::HookedWrite
         )
     }
 }
@@ -151,7 +164,13 @@ impl fmt::Display for WaitReason {
             WaitReason::Signal => "a signal (vt::signal)",
             WaitReason::Blocking => "vt::blocking on a helper thread",
             WaitReason::HookedSleep => "a hooked libc sleep (nanosleep, clock_nanosleep, usleep, sleep)",
-            WaitReason::HookedFutex => "a hooked futex wait (a std lock, Condvar, Once, mpsc or park)",
+            WaitReason::HookedFutex => {
+                "a hooked futex wait (a std lock, Condvar, Once, mpsc or park; std's mpsc and \
+                 thread::park never wake a fiber from another fiber of its carrier: use vt::channel \
+                 and vt::park there, arch/decisions/0011)"
+            }
+            WaitReason::HookedRead => "a hooked socket or pipe read (read, recv, accept, poll, epoll_wait)",
+            WaitReason::HookedWrite => "a hooked socket or pipe write (write, send, connect)",
         })
     }
 }

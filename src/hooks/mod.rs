@@ -6,13 +6,20 @@
 //! straight through to the real function (`real.rs`) unless the calling thread is a carrier
 //! running a fiber (`gate`): plain threads, `vt::blocking` helpers, the supervisor, a
 //! carrier between fibers and a `fork` child are never affected. Otherwise it does the same
-//! work on the runtime (a sleep on the carrier's timers) and returns as libc would, with the
-//! caller's `errno` kept. No hook allocates or takes a lock on its pass-through path. The
+//! work on the runtime (a sleep on the carrier's timers, a futex wait in `table.rs`, a socket or
+//! pipe wait on the carrier's reactor through the descriptor table of `fd.rs`) and returns as
+//! libc would, with the caller's `errno` kept. No hook allocates or takes a lock on its pass-through path. The
 //! design, what is and is not interposed, and what it costs: `arch/hooks.md`.
 
 // The interposed symbols stay out of loom builds, whose models run the table alone.
 #[cfg(not(loom))]
+mod fd;
+#[cfg(not(loom))]
 mod futex;
+#[cfg(not(loom))]
+mod io;
+#[cfg(not(loom))]
+mod poll;
 #[cfg(not(loom))]
 mod real;
 #[cfg(not(loom))]

@@ -52,6 +52,113 @@ pub(super) static SYSCALL: Real = Real::new(c"syscall");
 
 const ALL: [&Real; 3] = [&NANOSLEEP, &CLOCK_NANOSLEEP, &SYSCALL];
 
+/// Declares the real functions behind the descriptor hooks: a `Real` each, and a caller that
+/// makes the one system call itself in a static binary (`$fallback`, the raw result).
+macro_rules! real_fns {
+    ($($stat:ident $name:ident($($a:ident: $t:ty),*) -> $r:ty => $fallback:expr;)*) => {
+        $(
+            pub(super) static $stat: Real = Real::new(match CStr::from_bytes_with_nul(
+                concat!(stringify!($name), "\0").as_bytes(),
+            ) {
+                Ok(c) => c,
+                Err(_) => panic!("a function name has no NUL inside"),
+            });
+
+            /// The real function of this name.
+            ///
+            /// # Safety
+            /// As for the C library's function of this name.
+            pub(super) unsafe fn $name($($a: $t),*) -> $r {
+                match $stat.get() {
+                    Some(f) => {
+                        // SAFETY: `f` is the C library's function of this name, of this
+                        // signature (variadic ones take their one integer argument as named
+                        // ones do on the targets this crate builds for, `arch/hooks.md`).
+                        let f: unsafe extern "C" fn($($t),*) -> $r = unsafe { std::mem::transmute(f) };
+                        // SAFETY: the caller vouches for the arguments.
+                        unsafe { f($($a),*) }
+                    }
+                    // SAFETY: the caller vouches for the arguments of that one system call.
+                    None => errno_result(unsafe { $fallback }) as $r,
+                }
+            }
+        )*
+        const DESCRIPTORS: &[&Real] = &[$(&$stat),*];
+    };
+}
+
+use libc::{c_ulong, msghdr, pollfd, size_t, sockaddr, socklen_t, ssize_t};
+type L = c_long;
+
+real_fns! {
+    READ read(fd: c_int, buf: *mut c_void, n: size_t) -> ssize_t =>
+        raw_syscall(libc::SYS_read, [fd as L, buf as L, n as L, 0, 0, 0]);
+    WRITE write(fd: c_int, buf: *const c_void, n: size_t) -> ssize_t =>
+        raw_syscall(libc::SYS_write, [fd as L, buf as L, n as L, 0, 0, 0]);
+    READV readv(fd: c_int, iov: *const libc::iovec, n: c_int) -> ssize_t =>
+        raw_syscall(libc::SYS_readv, [fd as L, iov as L, n as L, 0, 0, 0]);
+    WRITEV writev(fd: c_int, iov: *const libc::iovec, n: c_int) -> ssize_t =>
+        raw_syscall(libc::SYS_writev, [fd as L, iov as L, n as L, 0, 0, 0]);
+    RECV recv(fd: c_int, buf: *mut c_void, n: size_t, flags: c_int) -> ssize_t =>
+        raw_syscall(libc::SYS_recvfrom, [fd as L, buf as L, n as L, flags as L, 0, 0]);
+    RECVFROM recvfrom(fd: c_int, buf: *mut c_void, n: size_t, flags: c_int, a: *mut sockaddr, l: *mut socklen_t) -> ssize_t =>
+        raw_syscall(libc::SYS_recvfrom, [fd as L, buf as L, n as L, flags as L, a as L, l as L]);
+    RECVMSG recvmsg(fd: c_int, msg: *mut msghdr, flags: c_int) -> ssize_t =>
+        raw_syscall(libc::SYS_recvmsg, [fd as L, msg as L, flags as L, 0, 0, 0]);
+    SEND send(fd: c_int, buf: *const c_void, n: size_t, flags: c_int) -> ssize_t =>
+        raw_syscall(libc::SYS_sendto, [fd as L, buf as L, n as L, flags as L, 0, 0]);
+    SENDTO sendto(fd: c_int, buf: *const c_void, n: size_t, flags: c_int, a: *const sockaddr, l: socklen_t) -> ssize_t =>
+        raw_syscall(libc::SYS_sendto, [fd as L, buf as L, n as L, flags as L, a as L, l as L]);
+    SENDMSG sendmsg(fd: c_int, msg: *const msghdr, flags: c_int) -> ssize_t =>
+        raw_syscall(libc::SYS_sendmsg, [fd as L, msg as L, flags as L, 0, 0, 0]);
+    ACCEPT accept(fd: c_int, a: *mut sockaddr, l: *mut socklen_t) -> c_int =>
+        raw_syscall(libc::SYS_accept4, [fd as L, a as L, l as L, 0, 0, 0]);
+    ACCEPT4 accept4(fd: c_int, a: *mut sockaddr, l: *mut socklen_t, flags: c_int) -> c_int =>
+        raw_syscall(libc::SYS_accept4, [fd as L, a as L, l as L, flags as L, 0, 0]);
+    CONNECT connect(fd: c_int, a: *const sockaddr, l: socklen_t) -> c_int =>
+        raw_syscall(libc::SYS_connect, [fd as L, a as L, l as L, 0, 0, 0]);
+    POLL poll(fds: *mut pollfd, n: libc::nfds_t, ms: c_int) -> c_int =>
+        poll_fallback(fds, n, ms);
+    PPOLL ppoll(fds: *mut pollfd, n: libc::nfds_t, ts: *const libc::timespec, mask: *const libc::sigset_t) -> c_int =>
+        raw_syscall(libc::SYS_ppoll, [fds as L, n as L, ts as L, mask as L, 8, 0]);
+    EPOLL_WAIT epoll_wait(ep: c_int, ev: *mut libc::epoll_event, n: c_int, ms: c_int) -> c_int =>
+        raw_syscall(libc::SYS_epoll_pwait, [ep as L, ev as L, n as L, ms as L, 0, 8]);
+    EPOLL_PWAIT epoll_pwait(ep: c_int, ev: *mut libc::epoll_event, n: c_int, ms: c_int, mask: *const libc::sigset_t) -> c_int =>
+        raw_syscall(libc::SYS_epoll_pwait, [ep as L, ev as L, n as L, ms as L, mask as L, 8]);
+    FCNTL fcntl(fd: c_int, cmd: c_int, arg: c_long) -> c_int =>
+        raw_syscall(libc::SYS_fcntl, [fd as L, cmd as L, arg, 0, 0, 0]);
+    IOCTL ioctl(fd: c_int, req: c_ulong, arg: c_long) -> c_int =>
+        raw_syscall(libc::SYS_ioctl, [fd as L, req as L, arg, 0, 0, 0]);
+    CLOSE close(fd: c_int) -> c_int =>
+        raw_syscall(libc::SYS_close, [fd as L, 0, 0, 0, 0, 0]);
+    DUP dup(fd: c_int) -> c_int =>
+        raw_syscall(libc::SYS_dup, [fd as L, 0, 0, 0, 0, 0]);
+    DUP2 dup2(old: c_int, new: c_int) -> c_int =>
+        dup2_fallback(old, new);
+    DUP3 dup3(old: c_int, new: c_int, flags: c_int) -> c_int =>
+        raw_syscall(libc::SYS_dup3, [old as L, new as L, flags as L, 0, 0, 0]);
+}
+
+/// `poll` as `ppoll` (AArch64 has no `poll` system call): the raw result.
+unsafe fn poll_fallback(fds: *mut pollfd, n: libc::nfds_t, ms: c_int) -> c_long {
+    let ts = libc::timespec { tv_sec: (ms / 1000) as libc::time_t, tv_nsec: ((ms % 1000) * 1_000_000) as _ };
+    let tsp = if ms < 0 { std::ptr::null() } else { &raw const ts };
+    // SAFETY: the caller's descriptors; `tsp` is null or a valid timespec for the call.
+    unsafe { raw_syscall(libc::SYS_ppoll, [fds as L, n as L, tsp as L, 0, 8, 0]) }
+}
+
+/// `dup2` as `dup3` (AArch64 has no `dup2`), which refuses `old == new`: then `dup2` checks
+/// `old` is open and returns it.
+unsafe fn dup2_fallback(old: c_int, new: c_int) -> c_long {
+    if old == new {
+        // SAFETY: no pointers.
+        let r = unsafe { raw_syscall(libc::SYS_fcntl, [old as L, libc::F_GETFD as L, 0, 0, 0, 0]) };
+        return if r < 0 { r } else { old as c_long };
+    }
+    // SAFETY: no pointers.
+    unsafe { raw_syscall(libc::SYS_dup3, [old as L, new as L, 0, 0, 0, 0]) }
+}
+
 /// Set in the child of a `fork` (a `pthread_atfork` handler): the child has one thread and no
 /// carriers, though its copy of the forking thread's thread-locals may say otherwise, so every
 /// hook passes straight through there.
@@ -68,7 +175,7 @@ pub(super) fn in_fork_child() -> bool {
 }
 
 extern "C" fn resolve_all() {
-    for r in ALL {
+    for r in ALL.iter().chain(DESCRIPTORS) {
         r.get();
     }
     // SAFETY: registers a handler that stores to an atomic (async-signal-safe, as a fork child

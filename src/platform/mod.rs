@@ -128,6 +128,14 @@ pub(crate) fn gettid() -> i32 {
     unsafe { libc::gettid() }
 }
 
+/// Runs `f` when the process exits through `exit` (a return from `main` included), before
+/// the threads are torn down; its failure to register (only when memory is exhausted) is
+/// ignored: the caller then loses what `f` would have finished.
+pub(crate) fn at_exit(f: extern "C" fn()) {
+    // SAFETY: `atexit` only records the function pointer.
+    unsafe { libc::atexit(f) };
+}
+
 /// Whether a write to stderr can still succeed: false once fd 2 is a pipe or socket whose reader
 /// has gone (a write would fail with `EPIPE`); a file or a terminal is always writable here.
 pub(crate) fn stderr_writable() -> bool {
@@ -176,9 +184,44 @@ pub(crate) unsafe fn after_fork_in_child(handler: extern "C" fn()) {
 /// `child` is async-signal-safe as far as the child's state allows (the child of a
 /// multithreaded process has one thread, and only locks the forking thread held are sure to be
 /// free there).
+#[cfg(not(loom))]
 pub(crate) unsafe fn around_fork(prepare: extern "C" fn(), parent: extern "C" fn(), child: extern "C" fn()) {
     // SAFETY: the caller's contract.
     unsafe { libc::pthread_atfork(Some(prepare), Some(parent), Some(child)) };
+}
+
+/// A guard of a process-wide lock, type-erased: dropping it unlocks.
+#[cfg(not(loom))]
+pub(crate) type ForkGuard = Box<dyn std::any::Any>;
+
+/// Makes the forking thread take a process-wide lock before every `fork` (`take` locks it and
+/// returns the guard) and let go of it on both sides just after. A `fork` copies only the
+/// forking thread: a lock another thread held at that moment would stay held in the child for
+/// ever. Locks are taken in the order registered; each must be a leaf among them (nothing
+/// registered here is locked while holding it). Register once per lock.
+#[cfg(not(loom))]
+pub(crate) fn hold_across_fork(take: fn() -> ForkGuard) {
+    static TAKERS: std::sync::Mutex<Vec<fn() -> ForkGuard>> = std::sync::Mutex::new(Vec::new());
+    thread_local! {
+        static HELD: std::cell::RefCell<Vec<ForkGuard>> = const { std::cell::RefCell::new(Vec::new()) };
+    }
+    extern "C" fn prepare() {
+        // The list's own lock is held across the fork too: a lock registered first in the
+        // child takes it.
+        let takers = TAKERS.lock().unwrap_or_else(|e| e.into_inner());
+        let mut guards: Vec<ForkGuard> = takers.iter().map(|take| take()).collect();
+        guards.push(Box::new(takers));
+        HELD.with(|h| *h.borrow_mut() = guards);
+    }
+    extern "C" fn after() {
+        let guards = HELD.with(|h| std::mem::take(&mut *h.borrow_mut()));
+        guards.into_iter().rev().for_each(drop);
+    }
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    // SAFETY: in the child, `after` only drops guards this same thread took in `prepare`: plain
+    // unlocks, of no lock held by a vanished thread.
+    ONCE.call_once(|| unsafe { around_fork(prepare, after, after) });
+    TAKERS.lock().unwrap_or_else(|e| e.into_inner()).push(take);
 }
 
 /// A CPU a carrier can be pinned to.

@@ -41,6 +41,7 @@ pub struct Builder {
     deadlock_report: Option<Duration>,
     dump_on_sigquit: bool,
     compact_parked_after: Option<Duration>,
+    trace: Option<std::path::PathBuf>,
 }
 
 /// Default quiet period before a "possible deadlock" report (see [`Builder::deadlock_report`]).
@@ -68,6 +69,7 @@ impl Builder {
             deadlock_report: Some(DEFAULT_DEADLOCK_QUIET),
             dump_on_sigquit: false,
             compact_parked_after: None,
+            trace: None,
         }
     }
 
@@ -226,6 +228,21 @@ impl Builder {
         self
     }
 
+    /// Records an execution trace into `path` from the moment the runtime starts until it is
+    /// dropped or [`Runtime::trace_stop`] is called: what each carrier ran (fiber run slices),
+    /// when it slept or stole, which fiber woke which, why each fiber parked, spawns, panics,
+    /// and the supervisor's blocked carriers and compensations. The file is Chrome trace-event
+    /// JSON: open it in Perfetto (<https://ui.perfetto.dev>, which loads it in the browser
+    /// without uploading it) or turn it into a self-contained HTML report with a wait profile
+    /// (`cargo run -p vt-bench --bin vt-trace-report -- trace.json report.html`). The default
+    /// runtime takes it from `VT_TRACE=path`. Off by default; the cost when off is one
+    /// predictable branch per hook, and when on what `README.md` ("Seeing what happened")
+    /// measures. Errors at `build`: the file cannot be created (the error names it).
+    pub fn trace(mut self, path: impl Into<std::path::PathBuf>) -> Builder {
+        self.trace = Some(path.into());
+        self
+    }
+
     /// Validates the settings and starts the carriers.
     ///
     /// Errors: `InvalidInput` for 0 carriers, `max_carriers < carriers`, a stack size out of
@@ -237,7 +254,8 @@ impl Builder {
 
     /// The settings the process-wide default runtime takes from the environment:
     /// `VT_CARRIERS`, `VT_MAX_CARRIERS`, `VT_STACK_SIZE` (bytes, or with a `K`, `M` or `G`
-    /// suffix: `1M`) and `VT_DUMP_ON_SIGQUIT` (`1` or `0`: [`dump_on_sigquit`](Builder::dump_on_sigquit)). `var` reads one variable (`std::env::var_os`, or a test's table); unset or
+    /// suffix: `1M`), `VT_DUMP_ON_SIGQUIT` (`1` or `0`: [`dump_on_sigquit`](Builder::dump_on_sigquit))
+    /// and `VT_TRACE` (a path: [`trace`](Builder::trace)). `var` reads one variable (`std::env::var_os`, or a test's table); unset or
     /// empty ones leave the builder's value. A value that is not a number is `InvalidInput`
     /// naming the variable; one out of range is caught by `build`, whose error the caller
     /// completes with [`env_note`].
@@ -274,6 +292,9 @@ impl Builder {
         };
         if let Some(on) = read("VT_DUMP_ON_SIGQUIT", switch, "1 (dump on SIGQUIT) or 0")? {
             self = self.dump_on_sigquit(on == 1);
+        }
+        if let Some(path) = var("VT_TRACE").filter(|p| !p.is_empty()) {
+            self = self.trace(path);
         }
         Ok(self)
     }
@@ -330,6 +351,7 @@ impl Builder {
             deadlock_report: self.deadlock_report,
             dump_on_sigquit: self.dump_on_sigquit,
             compact_parked_after: self.compact_parked_after,
+            trace: self.trace,
         })
     }
 }

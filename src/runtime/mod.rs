@@ -68,7 +68,7 @@ impl Runtime {
             unsafe { crate::platform::after_fork_in_child(after_fork_in_child) };
         });
         crate::fiber::overflow::install_handler();
-        crate::scheduler::diagnostics::install_panic_hook();
+        crate::fiber::panic_hook::install_panic_hook();
 
         let n = config.carriers;
         let cores = match config.affinity {
@@ -92,6 +92,9 @@ impl Runtime {
         crate::scheduler::deadlock::register(&rt);
         if rt.config().dump_on_sigquit {
             crate::scheduler::diagnostics::dump_on_sigquit(&rt)?;
+        }
+        if let Some(path) = &rt.config().trace {
+            rt.trace_start(path)?;
         }
         Ok(runtime)
     }
@@ -151,6 +154,23 @@ impl Runtime {
     /// The number of carriers this runtime was built with.
     pub fn carriers(&self) -> usize {
         self.handle.rt.config().carriers
+    }
+
+    /// Starts recording an execution trace into `path` (see [`Builder::trace`] for what it
+    /// holds and how to look at it), so that a long-running program can be traced for a while:
+    /// `rt.trace_start("trace.json")?; sleep(10 s); rt.trace_stop()?`.
+    ///
+    /// Errors: `AlreadyExists` while a trace runs; the file's error (naming it) when it cannot
+    /// be created.
+    pub fn trace_start(&self, path: impl AsRef<std::path::Path>) -> io::Result<()> {
+        self.handle.trace_start(path)
+    }
+
+    /// Stops the trace and finishes its file; says how many events it holds and how many were
+    /// dropped because a carrier's buffer was full. Errors: `InvalidInput` when no trace runs;
+    /// the file's write error.
+    pub fn trace_stop(&self) -> io::Result<crate::scheduler::trace::TraceSummary> {
+        self.handle.trace_stop()
     }
 }
 
@@ -235,6 +255,19 @@ impl Handle {
         crate::scheduler::diagnostics::collect(&self.rt)
     }
 
+    /// See [`Runtime::trace_start`]; on the default runtime too
+    /// (`vt::Handle::current().trace_start(path)`).
+    pub fn trace_start(&self, path: impl AsRef<std::path::Path>) -> io::Result<()> {
+        self.rt.trace_start(path.as_ref())
+    }
+
+    /// See [`Runtime::trace_stop`].
+    pub fn trace_stop(&self) -> io::Result<crate::scheduler::trace::TraceSummary> {
+        self.rt.trace_stop().unwrap_or_else(|| {
+            Err(io::Error::new(io::ErrorKind::InvalidInput, "trace_stop: no trace is being recorded"))
+        })
+    }
+
     pub(crate) fn runtime(&self) -> &RuntimeRef {
         &self.rt
     }
@@ -259,6 +292,10 @@ impl Drop for Runtime {
             // Built before a `fork`: its threads do not exist in this process. Nothing can be
             // stopped or unwound; leak it.
             return;
+        }
+        // A trace ends with the fibers' work, before their unwinding.
+        if let Some(Err(e)) = rt.trace_stop() {
+            eprintln!("virtual-threads: the execution trace could not be written: {e}");
         }
         rt.begin_shutdown();
         let supervisor = self.supervisor.take();
@@ -335,8 +372,24 @@ pub(crate) fn default_runtime() -> &'static Runtime {
     // A bound out of range (`VT_CARRIERS=0`): say which variables were set.
     let r = b.build().unwrap_or_else(|e| fail(e, builder::env_note(var)));
     let r: &'static Runtime = Box::leak(Box::new(r));
+    if r.handle.rt.config().trace.is_some() && TRACED_DEFAULT.set(r.handle()).is_ok() {
+        // The default runtime is never dropped: finish its trace when the process exits.
+        crate::platform::at_exit(stop_default_trace);
+    }
     DEFAULT.store(std::ptr::from_ref(r).cast_mut(), Ordering::Release);
     r
+}
+
+/// The default runtime, when `VT_TRACE` made it record a trace.
+static TRACED_DEFAULT: OnceLock<Handle> = OnceLock::new();
+
+/// `exit`'s handler for `VT_TRACE`: the default runtime's trace file is finished (closed JSON).
+extern "C" fn stop_default_trace() {
+    // Not in a child after `fork`: the parent's runtime has no carriers there.
+    let Some(h) = TRACED_DEFAULT.get().filter(|h| h.forks == forks()) else { return };
+    if let Some(Err(e)) = h.rt.trace_stop() {
+        eprintln!("virtual-threads: the execution trace could not be written: {e}");
+    }
 }
 
 /// Runs `f` with the runtime of the calling fiber, or the default runtime on a plain thread.

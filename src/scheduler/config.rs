@@ -20,6 +20,8 @@ pub(crate) struct Config {
     pub(crate) dump_on_sigquit: bool,
     /// Compact the stacks of fibers parked this long (`fiber/compact.rs`); `None`: never.
     pub(crate) compact_parked_after: Option<Duration>,
+    /// Record an execution trace into this file from the start (`scheduler/trace/`).
+    pub(crate) trace: Option<std::path::PathBuf>,
 }
 
 /// Where carriers run (`Builder::pin_carriers`, `VT_PIN_CARRIERS`).

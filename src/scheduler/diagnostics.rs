@@ -1,5 +1,5 @@
-//! Fiber dumps, the CPU-starvation warning, the SIGQUIT dump and the panic
-//! hook that names the fiber.
+//! Fiber dumps, the CPU-starvation warning and the SIGQUIT dump (the panic hook that names the
+//! fiber is `fiber/panic_hook.rs`).
 //!
 //! The fiber roots are the runtime's record arena (`scheduler::roots`): every record the
 //! runtime ever allocated, live or pooled. A dump walks it and takes a counted reference to each
@@ -20,7 +20,7 @@ use crate::fiber::{FiberRef, PARKED, RUNNABLE, RUNNING};
 use crate::platform::signal as sys;
 use crate::scheduler::Shared;
 
-use crate::fiber::wait::{WAIT_TIMED, WaitReason};
+use crate::fiber::wait::{WAIT_TIMED, WAIT_UNWINDING, WaitReason};
 
 /// What a fiber was doing when the dump saw it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -307,7 +307,7 @@ fn describe(rt: &Shared, f: &FiberRef, now: u64) -> Option<FiberInfo> {
         RUNNING => {
             let carrier = f.carrier.load(Ordering::Relaxed) as usize;
             match rt.slots.get(carrier) {
-                Some(slot) if slot.in_blocking.load(Ordering::Acquire) => {
+                Some(slot) if slot.in_blocking(Ordering::Acquire) => {
                     let at = slot.location.load(Ordering::Acquire);
                     if at.is_null() {
                         FiberState::Running { carrier }
@@ -422,7 +422,12 @@ pub(crate) fn report_runaway(rt: &Shared, active: usize) {
 /// in the OS, or computing): it cannot end before they do. Said once per drop, naming them.
 pub(crate) fn report_drop_waits(rt: &Shared, waited: Duration) {
     eprintln!(
-        "virtual-threads: dropping a Runtime has waited {} ms for carriers still running a fiber          that does not switch out (blocked in the OS, or computing); it returns once they do.          Their fibers were spawned (or entered vt::blocking): {}. If such a call waits for the          thread that drops the runtime (a std channel, lock or join), it never returns: drop          the runtime from a thread no fiber waits for, or wait with vt's own calls, which park          the fiber.",
+        "virtual-threads: dropping a Runtime has waited {} ms for carriers still running a fiber \
+         that does not switch out (blocked in the OS, or computing); it returns once they do. \
+         Their fibers were spawned (or entered vt::blocking): {}. If such a call waits for the \
+         thread that drops the runtime (a std channel, lock or join), it never returns: drop \
+         the runtime from a thread no fiber waits for, or wait with vt's own calls, which park \
+         the fiber.",
         waited.as_millis(),
         carrier_sites(rt)
     );
@@ -452,49 +457,6 @@ fn carrier_sites(rt: &Shared) -> String {
 
 // --- Panics: name the fiber, not just its carrier thread. ---
 
-/// Makes a panic inside a fiber name the fiber: installs, once per process, a panic hook that
-/// prints `fiber 12 "name" (spawned at src/main.rs:4:5) panicked on carrier thread
-/// 'vt-carrier-0':` and then calls the hook that was there before it (std's, which prints the
-/// thread's name, the panic's location and message, or the user's). On a plain thread it only
-/// calls the previous hook. A hook the user sets later replaces this one, as any hook does.
-///
-/// std's hook cannot name the fiber: `std::thread::current()` inside a fiber is its carrier
-/// thread, and its name is the carrier's.
-pub(crate) fn install_panic_hook() {
-    static INSTALLED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
-    // `take_hook` and `set_hook` panic on a panicking thread (a runtime started from a
-    // destructor during unwinding): the next runtime to start installs it then.
-    if std::thread::panicking() || INSTALLED.swap(true, Ordering::AcqRel) {
-        return;
-    }
-    let previous = std::panic::take_hook();
-    std::panic::set_hook(Box::new(move |info| {
-        let rec = crate::fiber::context::current_fiber();
-        if !rec.is_null() {
-            // SAFETY: the running fiber's record is live while it runs, and its id, name and
-            // spawn site are read-only then (see `FiberRecord`'s `Send` argument).
-            let rec = unsafe { &*rec };
-            let name = rec.name().map(|n| format!(" {n:?}")).unwrap_or_default();
-            let carrier = std::thread::current();
-            let carrier = carrier.name().unwrap_or("<unnamed>");
-            // One write, so that the line stays whole among other threads' output. Through
-            // `eprint!`, as std's own panic message goes, so that a test harness capturing the
-            // thread's output (libtest) captures this line with it: a passing test that provokes
-            // a panic prints neither. `eprint!` panics if stderr fails, and a panic in the hook
-            // aborts: skip the line where stderr can no longer be written (a closed pipe).
-            let line = format!(
-                "fiber {}{name} (spawned at {}) panicked on carrier thread '{carrier}':\n",
-                rec.id(),
-                rec.spawned_at()
-            );
-            if crate::platform::stderr_writable() {
-                eprint!("{line}");
-            }
-        }
-        previous(info)
-    }));
-}
-
 /// The supervisor found carrier `carrier` blocked in the OS for `blocked_for` while `waiting`
 /// fibers that can run only there (started on it) wait: say which fiber blocks it, and the fix.
 pub(crate) fn report_blocked(rt: &Shared, carrier: usize, blocked_for: Duration, waiting: usize) {
@@ -513,6 +475,21 @@ pub(crate) fn report_blocked(rt: &Shared, carrier: usize, blocked_for: Duration,
         .unwrap_or_else(|| "a fiber".into());
     let (fibers, they, wait) =
         if waiting == 1 { ("fiber", "it", "waits") } else { ("fibers", "they", "wait") };
+    if let Some(reason) = unwinding_wait(rt, carrier) {
+        // Already a vt wait: "use its vt twin" would be wrong advice.
+        eprintln!(
+            "virtual-threads: carrier {carrier} blocked: {line} waits ({reason}) while it unwinds \
+             from a panic (in a destructor), for {} ms, while {waiting} {fibers} that can run only \
+             on this carrier ({they} started there) {wait} behind it. A fiber does not switch out \
+             while it unwinds (the other fibers of its carrier would see \
+             std::thread::panicking()), so its wait holds the carrier: if it waits for one of \
+             those fibers, it waits for ever. Do not wait for other fibers in a destructor while \
+             std::thread::panicking(), or stop the fiber with JoinHandle::cancel instead of a \
+             panic (a stopped fiber's destructors may park). (Reported once per spawn location.)",
+            blocked_for.as_millis()
+        );
+        return;
+    }
     eprintln!(
         "virtual-threads: carrier {carrier} blocked: {line} has blocked its OS thread for {} ms \
          while {waiting} {fibers} that can run only on this carrier ({they} started there) {wait} \
@@ -523,6 +500,22 @@ pub(crate) fn report_blocked(rt: &Shared, carrier: usize, blocked_for: Duration,
          any vt call. (Reported once per spawn location.)",
         blocked_for.as_millis()
     );
+}
+
+/// What the fiber running on `carrier` waits for while it unwinds from a panic, on the
+/// carrier's thread (`WAIT_UNWINDING`), if it does. `None` too with fiber roots off.
+fn unwinding_wait(rt: &Shared, carrier: usize) -> Option<WaitReason> {
+    let mut found = None;
+    rt.roots.for_each_live(|f| {
+        let w = f.wait.load(Ordering::Relaxed);
+        if w & WAIT_UNWINDING != 0
+            && f.state() == RUNNING
+            && f.carrier.load(Ordering::Relaxed) as usize == carrier
+        {
+            found = Some(WaitReason::from_code(w));
+        }
+    });
+    found
 }
 
 // --- SIGQUIT: print every opted-in runtime's dump, as the JVM prints its thread dump. ---

@@ -138,9 +138,23 @@ impl Injector {
         self.shards.iter().map(|s| s.len.load(Ordering::Relaxed)).sum()
     }
 
-    /// Takes one fiber (used at shutdown, without a local queue).
+    /// The coarse-clock stamp of the oldest fiber queued here (`FiberRecord::since`, set when it
+    /// was queued), if any and if the clock runs (fiber roots on): how long work has waited for
+    /// a carrier, for the supervisor. Takes each non-empty shard's lock for a look at its front.
+    pub(crate) fn oldest_stamp(&self) -> Option<u64> {
+        self.shards
+            .iter()
+            .filter(|s| !s.looks_empty())
+            .filter_map(|s| s.lock().front().map(|f| f.since.load(Ordering::Relaxed)))
+            .filter(|&t| t != 0)
+            .min()
+    }
+
+    /// Takes one fiber (used at shutdown, without a local queue). Takes every shard's lock
+    /// until one holds a fiber, without a look at the lengths first: the drop's hand-over with
+    /// a spawn that queues at the same moment rests on the lock (`Drain::queues_orphaned`).
     pub(crate) fn pop_any(&self) -> Option<FiberRef> {
-        self.shards.iter().filter(|s| !s.looks_empty()).find_map(|s| {
+        self.shards.iter().find_map(|s| {
             let mut q = s.lock();
             let f = q.pop_front();
             s.settle(&mut q);

@@ -64,7 +64,11 @@ impl Shared {
             }
             rt.slots[i].thread.get_or_init(std::thread::current);
             rt.slots[i].tid.store(crate::platform::gettid(), Ordering::Relaxed);
+            let serve = rt.clone();
             carrier::Carrier::run(i, rt, worker);
+            // The runtime's drop unwinds the fibers homed here on this thread, before it exits
+            // (their thread-locals live here): `scheduler/shutdown.rs`.
+            super::shutdown::serve(&serve, i);
         });
         #[cfg(test)]
         super::test_hooks::carrier_spawned(self, i);
@@ -96,18 +100,20 @@ impl Shared {
                 return;
             }
             let spare = self.spares.lock().unwrap_or_else(|e| e.into_inner()).pop();
-            if let Some(i) = spare {
+            let (i, revived) = if let Some(i) = spare {
                 self.active.fetch_add(1, Ordering::AcqRel);
                 self.slots[i].retired.store(false, Ordering::Release);
                 self.unpark_carrier(i);
+                (i, true)
             } else {
                 let next = self.next_unstarted();
                 match next {
-                    Some(i) if self.start_carrier(i, None).is_ok() => {}
+                    Some(i) if self.start_carrier(i, None).is_ok() => (i, false),
                     // Out of slots or threads: nothing more to do.
                     _ => return,
                 }
-            }
+            };
+            self.trace_compensation(i, revived);
             self.compensations.fetch_add(1, Ordering::Relaxed);
             self.peak.fetch_max(self.active.load(Ordering::Relaxed), Ordering::Relaxed);
         }
@@ -157,12 +163,12 @@ impl Shared {
             return None;
         }
         let spare = self.spares.lock().unwrap_or_else(|e| e.into_inner()).pop();
-        let i = match spare {
+        let (i, revived) = match spare {
             Some(i) => {
                 self.active.fetch_add(1, Ordering::AcqRel);
                 self.slots[i].retired.store(false, Ordering::Release);
                 self.unpark_carrier(i);
-                i
+                (i, true)
             }
             None => {
                 let next = self.next_unstarted()?;
@@ -171,9 +177,10 @@ impl Shared {
                 if next >= self.started() {
                     return None;
                 }
-                next
+                (next, false)
             }
         };
+        self.trace_compensation(i, revived);
         self.compensations.fetch_add(1, Ordering::Relaxed);
         self.peak.fetch_max(self.active.load(Ordering::Relaxed), Ordering::Relaxed);
         Some(i)

@@ -25,6 +25,7 @@
 //! | `roots.rs` | the record arena (the fiber roots dumps walk) |
 //! | `shutdown.rs` | the runtime's drop: the hand-over of fibers to unwind on their home carriers |
 //! | `config.rs` | the validated settings |
+//! | `trace/` | the execution trace: per-carrier event rings, the writer thread, its Chrome JSON |
 
 mod affinity;
 pub(crate) mod carrier;
@@ -45,6 +46,7 @@ mod shared;
 pub(crate) mod shutdown;
 pub(crate) mod supervisor;
 pub(crate) mod time;
+pub(crate) mod trace;
 
 pub(crate) use injector::Injector;
 pub(crate) use roots::Roots;

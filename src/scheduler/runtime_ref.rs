@@ -143,6 +143,7 @@ pub(crate) fn schedule(f: FiberRef, wake: Wake) {
         }
     }
     let rt = f.runtime().clone();
+    rt.trace_wake_remote(&f);
     if matches!(wake, Wake::Unpark | Wake::Joiner) {
         rt.remote.unparks.fetch_add(1, Ordering::Relaxed);
     }
@@ -177,5 +178,9 @@ impl Schedule for RuntimeRef {
     #[inline(always)]
     fn stamp(&self) -> Option<u64> {
         self.clock.stamp()
+    }
+
+    fn panicked(rec: &FiberRecord) {
+        super::carrier::trace_panic(rec.id().as_u64());
     }
 }

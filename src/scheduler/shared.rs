@@ -9,7 +9,7 @@ use std::ptr::NonNull;
 
 use std::panic::Location;
 use std::sync::OnceLock;
-use std::sync::atomic::{AtomicBool, AtomicI32, AtomicPtr, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicPtr, AtomicU8, AtomicU64, AtomicUsize, Ordering};
 
 use crate::loom::StdMutex as Mutex;
 use std::thread::Thread;
@@ -54,6 +54,9 @@ pub(crate) struct CarrierSlot {
     pub(super) thread: OnceLock<Thread>,
     /// Bumped by the carrier at every fiber switch (single writer); the supervisor samples it.
     pub(super) progress: AtomicU64,
+    /// The carrier's trace ring while a trace runs, else null: the one load each trace hook
+    /// makes, next to a line the switch writes anyway (`trace/`).
+    pub(super) trace: AtomicPtr<super::trace::Ring>,
     /// The carrier sleeps (or is about to) in `epoll_wait` on its poll set: waking it takes
     /// the set's eventfd. Raised by every idle carrier, and by a retired spare.
     pub(super) on_reactor: AtomicBool,
@@ -63,12 +66,9 @@ pub(crate) struct CarrierSlot {
     /// Location of the fiber running now (its spawn site, or its `blocking` call site), or null
     /// between fibers. Written by the carrier at every switch; sampled by the supervisor.
     pub(super) location: AtomicPtr<Location<'static>>,
-    /// The fiber running here declared (or is known) to block its thread; the carrier counts
-    /// itself in `Shared::blocked` while this is set.
-    pub(super) in_blocking: AtomicBool,
-    /// Set by the supervisor when it catches this carrier blocked; the carrier records the
-    /// location in its map when the fiber switches out, and clears it.
-    pub(super) caught: AtomicBool,
+    /// `IN_BLOCKING` and `CAUGHT`, in one word so that a switch out tests both with one load
+    /// (`Carrier::switched_out`; both are rare).
+    pub(super) flags: AtomicU8,
     /// The carrier thread's kernel id, for `/proc/self/task/<tid>/stat`.
     pub(super) tid: AtomicI32,
     pub(super) locations: locations::LocationMap,
@@ -83,7 +83,37 @@ pub(crate) struct CarrierSlot {
     pub(super) stats: Stats,
 }
 
+/// `CarrierSlot::flags`: the fiber running here declared (or is known) to block its thread;
+/// the carrier counts itself in `Shared::blocked` while this is set.
+pub(super) const IN_BLOCKING: u8 = 1;
+/// `CarrierSlot::flags`: set by the supervisor when it catches this carrier blocked; the
+/// carrier records the location in its map when the fiber switches out, and clears it.
+pub(super) const CAUGHT: u8 = 2;
+
 impl CarrierSlot {
+    pub(super) fn in_blocking(&self, order: Ordering) -> bool {
+        self.flags.load(order) & IN_BLOCKING != 0
+    }
+
+    /// Blocked in the OS, by its own count or the supervisor's catch.
+    pub(super) fn held(&self) -> bool {
+        self.flags.load(Ordering::Relaxed) != 0
+    }
+
+    /// The supervisor caught the carrier blocked (see `CAUGHT`).
+    pub(super) fn catch(&self) {
+        self.flags.fetch_or(CAUGHT, Ordering::Release);
+    }
+
+    /// The carrier's trace ring, while a trace runs: each trace hook's one branch.
+    #[inline(always)]
+    pub(super) fn tracing(&self) -> Option<&super::trace::Ring> {
+        let p = self.trace.load(Ordering::Relaxed);
+        // SAFETY: a non-null pointer is a ring the recorder keeps until the runtime's state
+        // (which holds this slot) is dropped (`Recorder::start`, `attach`).
+        (!p.is_null()).then(|| unsafe { &*p })
+    }
+
     pub(super) fn new(stealer: run_queue::Remote<FiberRef>) -> CarrierSlot {
         CarrierSlot {
             stealer,
@@ -93,11 +123,11 @@ impl CarrierSlot {
             next_deadline: AtomicU64::new(u64::MAX),
             thread: OnceLock::new(),
             progress: AtomicU64::new(0),
+            trace: AtomicPtr::new(std::ptr::null_mut()),
             on_reactor: AtomicBool::new(false),
             lifo: AtomicPtr::new(std::ptr::null_mut()),
             location: AtomicPtr::new(std::ptr::null_mut()),
-            in_blocking: AtomicBool::new(false),
-            caught: AtomicBool::new(false),
+            flags: AtomicU8::new(0),
             tid: AtomicI32::new(0),
             locations: locations::LocationMap::default(),
             retired: AtomicBool::new(false),
@@ -225,6 +255,8 @@ pub(crate) struct Shared {
     pub(super) known: Mutex<Vec<locations::Known>>,
     /// Unused fiber records, beyond what the carriers cache.
     pub(super) records: Mutex<Vec<RecordPtr>>,
+    /// The execution trace's recorder (`trace/`).
+    pub(super) trace: super::trace::Recorder,
 }
 
 /// An unused fiber record in a pool.
@@ -295,6 +327,7 @@ impl Shared {
             stacks,
             config,
             records: Mutex::new(Vec::new()),
+            trace: Default::default(),
             reactor,
             target: n,
             started: AtomicUsize::new(0),
@@ -372,6 +405,7 @@ impl Shared {
     /// from a carrier of another runtime).
     pub(crate) fn schedule_spawned_remote(&self, rec: FiberRef) {
         self.remote.spawned.fetch_add(1, Ordering::Relaxed);
+        self.trace_spawn_remote(&rec);
         // SeqCst, against the drop's store: a spawn through a handle that sees `shutdown`
         // unwinds the fiber itself (never queued, so never started: any thread will do), so its
         // join returns. One queued is unwound by the drop (`cancel_all`, or `drain_queues`),

@@ -54,12 +54,14 @@ pub(crate) struct Drain {
 }
 
 impl Drain {
-    /// Whether a fiber queued now might never be taken by anyone (see `queues_orphaned`).
-    /// SeqCst, with a fence after the queueing: either the drop's emptying of the queues
-    /// comes after the push, or this load sees the flag.
+    /// Whether a fiber queued just now might never be taken by anyone (see `queues_orphaned`).
+    /// No fence needed: the drop sets the flag, then takes every injector shard's lock to empty
+    /// it (`drain_queues`, `Injector::pop_any`). Either it locked the spawner's shard after the
+    /// push (and unwinds the fiber), or before it, and then its unlock, and so its store of the
+    /// flag, happened before the spawner's lock, and this load sees the flag. (A new fiber has
+    /// no home yet, so a spawn from outside the carriers always queues it in the injector.)
     pub(crate) fn queues_orphaned(&self) -> bool {
-        std::sync::atomic::fence(Ordering::SeqCst);
-        self.queues_orphaned.load(Ordering::SeqCst)
+        self.queues_orphaned.load(Ordering::Acquire)
     }
 }
 
@@ -156,9 +158,7 @@ pub(crate) fn run(rt: &Shared, threads: Vec<std::thread::JoinHandle<()>>) {
     for t in threads {
         let _ = t.join();
     }
-    d.queues_orphaned.store(true, Ordering::SeqCst);
-    // Against the spawner's fence: its push is seen by `drain_queues`, or it sees the flag.
-    std::sync::atomic::fence(Ordering::SeqCst);
+    d.queues_orphaned.store(true, Ordering::Release);
     drain_queues(rt);
     for slot in rt.slots.iter() {
         // Timer entries hold records, which hold the runtime: break the cycle.
@@ -401,13 +401,13 @@ pub(crate) fn cancel(f: FiberRef) {
         // Resumes the fiber with corosensei's unwind payload; the fiber's body catches it
         // (after every destructor on the way ran), completes its packet and returns.
         if catch_unwind(AssertUnwindSafe(|| co.force_unwind())).is_err() {
-            eprintln!("virtual-threads: a fiber panicked while being cancelled by its runtime's drop");
+            panicked_while_cancelled(&f);
         }
     }
     if let Some(co) = slot.as_mut().filter(|co| !co.done()) {
         // Bound but not started: its body sees `cancelled` and only drops the closure.
         if catch_unwind(AssertUnwindSafe(|| co.resume(FiberRef::as_ptr(&f)))).is_err() {
-            eprintln!("virtual-threads: a fiber panicked while being cancelled by its runtime's drop");
+            panicked_while_cancelled(&f);
         }
     }
     context::set_cancelling(outer);
@@ -426,4 +426,18 @@ pub(crate) fn cancel(f: FiberRef) {
     }
     FiberRecord::finish_now(&f);
     drop(run);
+}
+
+/// A panic escaped fiber `f`'s body while its runtime's drop unwound it, outside any unwind (a
+/// destructor that panics during the unwind aborts the process before this: the panic hook
+/// names the fiber then). Caught: the drop goes on with the other fibers.
+#[cold]
+fn panicked_while_cancelled(f: &FiberRecord) {
+    let name = f.name().map(|n| format!(" {n:?}")).unwrap_or_default();
+    eprintln!(
+        "virtual-threads: fiber {}{name} (spawned at {}) panicked while its runtime's drop unwound \
+         it; the panic is dropped and the drop goes on",
+        f.id(),
+        f.spawned_at()
+    );
 }

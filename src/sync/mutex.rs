@@ -251,10 +251,12 @@ impl<T: ?Sized> Mutex<T> {
     fn unlock_contended(&self) {
         let next = {
             let mut queue = self.queue.lock().unwrap_or_else(PoisonError::into_inner);
-            // State is LOCKED | QUEUED and stays so while we hold `queue`: only we clear LOCKED,
-            // and QUEUED changes only under `queue`. So plain stores are exact, and storing
-            // after the transition is safe: the waiter needs `queue` to go on either way.
-            debug_assert_eq!(self.state.load(Ordering::Relaxed), LOCKED | QUEUED);
+            // State is LOCKED, with QUEUED or without, and stays so while we hold `queue`: only
+            // we clear LOCKED, and QUEUED changes only under `queue`. It may be clear already:
+            // the last waiter abandoned its wait (`abandon`) after our fast path failed, and the
+            // queue is empty. So plain stores are exact, and storing after the transition is
+            // safe: the waiter needs `queue` to go on either way.
+            debug_assert_ne!(self.state.load(Ordering::Relaxed) & LOCKED, 0);
             loop {
                 let Some(next) = queue.pop_front() else {
                     // Every entry was abandoned (see `abandon`): the lock is simply free.
@@ -388,3 +390,27 @@ impl<T> From<T> for Mutex<T> {
 #[cfg(all(test, loom))]
 #[path = "tests/loom_mutex.rs"]
 mod loom_tests;
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+
+    /// The holder's unlock found `QUEUED` set (its fast path failed), and before it took the
+    /// queue's lock the only waiter abandoned its wait (a runtime's drop unwinding it), which
+    /// clears `QUEUED`: the slow path then finds the lock held with nobody queued, and frees it.
+    #[test]
+    fn an_unlock_whose_only_waiter_abandoned_meanwhile_frees_the_lock() {
+        let m = Mutex::new(());
+        let guard = m.lock().unwrap();
+        let waiter = Arc::new(Waiter::new());
+        m.state.fetch_or(QUEUED, Ordering::Relaxed);
+        m.queue.lock().unwrap().push_back(QueuedLocker { waiter: waiter.clone(), handoff: false });
+        // The holder's fast path: fails, `QUEUED` is set.
+        assert!(m.state.compare_exchange(LOCKED, 0, Ordering::Release, Ordering::Relaxed).is_err());
+        m.abandon(&waiter, None);
+        m.unlock_contended();
+        std::mem::forget(guard); // unlocked above
+        assert_eq!(m.state.load(Ordering::Relaxed), 0);
+        drop(m.try_lock().expect("the lock is free"));
+    }
+}

@@ -2,7 +2,8 @@
 //! delivered exactly once or stays with its sender, never lost, never both.
 use std::time::Duration;
 
-use crate::channel::{RecvTimeoutError, bounded};
+use crate::channel::bounded;
+use crate::channel::error::RecvTimeoutError;
 
 const LONG: Duration = Duration::from_secs(60);
 
@@ -70,7 +71,7 @@ fn fast_recv_races_two_senders() {
         s2.join().unwrap();
         got.sort_unstable();
         assert_eq!(got, [1, 2]);
-        assert_eq!(rx.try_recv(), Err(crate::channel::TryRecvError::Disconnected));
+        assert_eq!(rx.try_recv(), Err(crate::channel::error::TryRecvError::Disconnected));
     });
 }
 

@@ -14,7 +14,8 @@
 //! - `caches.rs`: the caches of stacks, coroutines and records;
 //! - `queues.rs`: putting fibers in the LIFO slot, the home queue, the deque and the injector;
 //! - `search.rs`: finding work (local, stealing, the injector, timers, the reactor) and sleeping;
-//! - `switch.rs`: running a fiber, and what its switch out asks of the carrier.
+//! - `switch.rs`: running a fiber, and what its switch out asks of the carrier;
+//! - `traced.rs`: what the execution trace records of it, out of line (`scheduler/trace/`).
 
 use std::cell::{Cell, UnsafeCell};
 use std::io;
@@ -27,7 +28,7 @@ use corosensei::CoroutineResult;
 
 use super::injector::Batch;
 use super::locations;
-use super::shutdown;
+use super::trace::{self, Event, Kind};
 use super::{CarrierSlot, RECORD_CACHE, STOCK_BATCH, Shared, bump};
 use crate::fiber::context::{self, CarrierState, Running};
 use crate::fiber::coroutine::new_coroutine;
@@ -43,6 +44,8 @@ use caches::{Borrowed, Caches};
 mod queues;
 mod search;
 mod switch;
+mod traced;
+pub(crate) use traced::trace_panic;
 
 /// The carrier this thread is, or null. Valid until the caller's next switch point (see
 /// `fiber::context`, which keeps the pointer opaque).
@@ -115,7 +118,10 @@ pub(crate) struct Carrier {
     /// This carrier has clearly more fibers at home than another that runs (read every
     /// `GLOBAL_CHECK_INTERVAL` ticks, `weigh`): it leaves unstarted fibers to the lighter one.
     heavier: Cell<bool>,
-    tick: Cell<u32>,
+    /// Ticks (fibers taken from the local queues) until the next look at timers, the
+    /// injector, the reactor and the other carriers' loads: a countdown from
+    /// `GLOBAL_CHECK_INTERVAL`, where a counter's modulo divided by 61 on every switch.
+    ticks_left: Cell<u32>,
     rng: Cell<u64>,
     /// The stack cache's last operation was a take (see `take_stack`).
     taking: Cell<bool>,
@@ -133,10 +139,15 @@ pub(crate) struct Carrier {
     current: Running,
     progress: Cell<u64>,
     last_poll: Cell<Instant>,
+    /// While a trace runs: when the running fiber's slice started (0: no slice noted), and
+    /// `progress` then (`traced.rs`).
+    slice_start: Cell<u64>,
+    slice_resumes: Cell<u64>,
 }
 
 impl Carrier {
-    /// The carrier thread's body.
+    /// The carrier thread's loop, to its exit; the thread then serves the runtime's drop
+    /// (`lifecycle.rs`, `shutdown::serve`).
     pub(crate) fn run(index: usize, rt: RuntimeRef, worker: Local<FiberRef>) {
         let slot = NonNull::from(&*rt.slots[index]);
         let c = Carrier {
@@ -154,7 +165,7 @@ impl Carrier {
             is_spare: index >= rt.target,
             lifo_streak: Cell::new(0),
             heavier: Cell::new(false),
-            tick: Cell::new(0),
+            ticks_left: Cell::new(GLOBAL_CHECK_INTERVAL),
             rng: Cell::new(0x2545_F491_4F6C_DD1D ^ ((index as u64 + 1) << 17)),
             taking: Cell::new(false),
             ids: Cell::new((0, 0)),
@@ -166,8 +177,16 @@ impl Carrier {
             current: Running::new(),
             progress: Cell::new(0),
             last_poll: Cell::new(Instant::now()),
+            slice_start: Cell::new(0),
+            slice_resumes: Cell::new(0),
             rt,
         };
+        c.rt.trace_attach(index);
+        if let Some(ring) = c.slot().tracing() {
+            let mut e = Event::new(Kind::CarrierStart, 0, 0, 0);
+            e.a = u8::from(c.is_spare);
+            ring.push(e);
+        }
         // The overflow report runs on an alternate signal stack: the fiber's own is exhausted.
         let _altstack = crate::fiber::overflow::ensure_altstack();
         // SAFETY: `c` lives on this thread's stack until after the null registration below,
@@ -184,9 +203,6 @@ impl Carrier {
         unsafe { context::set_carrier(std::ptr::null(), std::ptr::null()) };
         let stock = c.stock.replace(0);
         c.rt.release_stock(stock);
-        // The runtime's drop unwinds the fibers homed here on this thread, before it exits
-        // (their thread-locals live here): `scheduler/shutdown.rs`.
-        shutdown::serve(&c.rt, index);
     }
 
     fn slot(&self) -> &CarrierSlot {

@@ -7,6 +7,11 @@ impl Carrier {
     /// Makes a fiber of this runtime runnable from this carrier.
     pub(crate) fn schedule_local(&self, f: FiberRef, wake: Wake) {
         let stats = &self.slot().stats;
+        if !self.slot().trace.load(Ordering::Relaxed).is_null() {
+            // The record's address, not `&f`: a reference to the `FiberRef` would keep it in
+            // memory for the whole function.
+            self.trace_wake(FiberRef::as_ptr(&f), wake);
+        }
         if wake != Wake::Timer {
             bump(&stats.unparks, 1);
         }
@@ -46,6 +51,9 @@ impl Carrier {
     pub(crate) fn schedule_spawned(&self, f: FiberRef) {
         debug_assert_eq!(f.home.load(Ordering::Relaxed), NO_HOME);
         bump(&self.slot().stats.spawned, 1);
+        if !self.slot().trace.load(Ordering::Relaxed).is_null() {
+            self.trace_spawn(FiberRef::as_ptr(&f));
+        }
         if let Err(f) = self.worker.push(f) {
             self.push_full(f);
         }

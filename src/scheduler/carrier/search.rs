@@ -52,9 +52,9 @@ impl Carrier {
 
     /// The fast path: this carrier's own queues.
     pub(super) fn next_local(&self) -> Option<FiberRef> {
-        let tick = self.tick.get().wrapping_add(1);
-        self.tick.set(tick);
-        if tick % GLOBAL_CHECK_INTERVAL == 0 {
+        let left = self.ticks_left.get() - 1;
+        self.ticks_left.set(if left == 0 { GLOBAL_CHECK_INTERVAL } else { left });
+        if left == 0 {
             self.poll_reactor_if_due();
             self.fire_timers();
             // A retired spare, or a carrier blocked in the OS, cannot fire its own timers, and
@@ -131,8 +131,7 @@ impl Carrier {
             && rt.slots.upto(n).enumerate().any(|(i, s)| {
                 i != self.index
                     && !s.retired.load(Ordering::Relaxed)
-                    && !s.in_blocking.load(Ordering::Relaxed)
-                    && !s.caught.load(Ordering::Relaxed)
+                    && !s.held()
                     && s.home_len.load(Ordering::Relaxed) + HEAVIER_BY < mine
             });
         self.heavier.set(heavier);
@@ -231,11 +230,14 @@ impl Carrier {
                 if let Some(f) = vslot.stealer.steal_into(&self.worker, LOCAL_CAP / 2) {
                     let got = 1 + self.worker.len().saturating_sub(before) as u64;
                     bump(&self.slot().stats.steals, got);
+                    if let Some(ring) = self.slot().tracing() {
+                        ring.push(Event::new(Kind::Steal, victim as u64, got, 0));
+                    }
                     return Some(f);
                 }
             }
             // A blocked carrier cannot run the fiber it was about to run next: take it.
-            if vslot.in_blocking.load(Ordering::Relaxed) || vslot.caught.load(Ordering::Relaxed) {
+            if vslot.held() {
                 let p = vslot.lifo.swap(std::ptr::null_mut(), Ordering::Acquire);
                 // SAFETY: as in `lifo_take`.
                 if let Some(f) = unsafe { FiberRef::from_raw(p) } {
@@ -279,6 +281,9 @@ impl Carrier {
         self.flush_to_injector();
         self.rt.notify();
         let slot = self.slot();
+        if let Some(ring) = slot.tracing() {
+            ring.push(Event::new(Kind::CarrierRetire, 0, 0, 0));
+        }
         // Asleep in `epoll_wait` on its own set, not in a thread park: sockets registered here
         // while the spare ran fibers stay served (a waiter at home elsewhere would otherwise
         // wait for ever). `on_reactor` before the re-check of `retired`: see `unpark_carrier`.
@@ -305,9 +310,7 @@ impl Carrier {
     pub(super) fn poll_foreign_sets(&self) -> usize {
         let mut woken = 0;
         for (i, slot) in self.rt.slots.upto(self.rt.started()).enumerate() {
-            if i != self.index
-                && (slot.in_blocking.load(Ordering::Relaxed) || slot.caught.load(Ordering::Relaxed))
-            {
+            if i != self.index && slot.held() {
                 woken += self.rt.reactor.try_poll(i, false);
             }
         }
@@ -385,7 +388,11 @@ impl Carrier {
             let n = self.rt.reactor.poll(self.index, timeout);
             bump(&slot.stats.io_wakeups, n as u64);
             let woke = Instant::now();
-            bump(&slot.stats.idle_ns, woke.saturating_duration_since(slept).as_nanos() as u64);
+            let idle_ns = woke.saturating_duration_since(slept).as_nanos() as u64;
+            bump(&slot.stats.idle_ns, idle_ns);
+            if let Some(ring) = slot.tracing() {
+                ring.push(Event::new(Kind::Idle, idle_ns, 0, 0));
+            }
             self.rt.refresh_clock_after_idle(woke);
         }
         slot.on_reactor.store(false, Ordering::Relaxed);

@@ -3,6 +3,7 @@
 
 use super::caches::take_finished;
 use super::*;
+use crate::scheduler::shared::{CAUGHT, IN_BLOCKING};
 
 impl Carrier {
     /// Runs `f`, and then, as long as each fiber yields straight to the next (`yield_at_home`),
@@ -122,6 +123,10 @@ impl Carrier {
         if let Some(now) = self.rt.clock.stamp() {
             f.since.store(now, Ordering::Relaxed);
         }
+        // A trace runs: note the slice's start (`traced.rs`).
+        if !slot.trace.load(Ordering::Relaxed).is_null() {
+            self.trace_begin();
+        }
         // The fiber body catches every panic itself; one escaping a resume is a runtime bug,
         // and unwinding on could drop a half-switched fiber's record. A guard rather than
         // `catch_unwind`: that costs a call and register spills around every resume, the guard
@@ -151,6 +156,9 @@ impl Carrier {
         };
         std::mem::forget(abort);
         self.switched_out();
+        if self.slice_start.get() != 0 {
+            self.trace_slice(FiberRef::as_ptr(&f), after);
+        }
         match after {
             Suspend::Yield => {
                 // No stamp: a yielded fiber's `since` stays when its run began, so a dump counts
@@ -201,15 +209,13 @@ impl Carrier {
     #[inline(always)]
     fn yield_at_home(&self, f: FiberRef) -> Option<FiberRef> {
         let slot = self.slot();
-        let tick = self.tick.get().wrapping_add(1);
+        let left = self.ticks_left.get();
         let mut home = self.home_queue();
-        if tick % GLOBAL_CHECK_INTERVAL != 0
-            && !slot.inbox.maybe_nonempty()
-            && slot.lifo.load(Ordering::Relaxed).is_null()
-        {
+        // At 1, the next tick is the 61st.
+        if left > 1 && !slot.inbox.maybe_nonempty() && slot.lifo.load(Ordering::Relaxed).is_null() {
             if let Some(next) = home.push_pop_due(f, self.worker.pushed(), self.worker.taken()) {
                 // What `next_local` records when it takes the home queue's front.
-                self.tick.set(tick);
+                self.ticks_left.set(left - 1);
                 self.lifo_streak.set(0);
                 return Some(next);
             }
@@ -241,13 +247,26 @@ impl Carrier {
     }
 
     /// Bookkeeping when a fiber leaves this carrier: the supervisor's view and blocking state.
+    /// Caught and blocking are rare and share one word: one load tests both.
     pub(super) fn switched_out(&self) {
         let slot = self.slot();
-        // This carrier is the only writer of `location`: a load and a store, not a swap (one
-        // locked instruction fewer per switch).
+        if slot.flags.load(Ordering::Relaxed) != 0 {
+            return self.switched_out_held();
+        }
+        slot.location.store(std::ptr::null_mut(), Ordering::Release);
+    }
+
+    /// `switched_out` when the carrier was caught blocked or is in a blocking section.
+    #[cold]
+    #[inline(never)]
+    fn switched_out_held(&self) {
+        let slot = self.slot();
+        // This carrier is the only writer of `location`: a load and a store, not a swap.
         let loc = slot.location.load(Ordering::Relaxed);
         slot.location.store(std::ptr::null_mut(), Ordering::Release);
-        if slot.caught.load(Ordering::Relaxed) && slot.caught.swap(false, Ordering::Acquire) && !loc.is_null()
+        if slot.flags.load(Ordering::Relaxed) & CAUGHT != 0
+            && slot.flags.fetch_and(!CAUGHT, Ordering::Acquire) & CAUGHT != 0
+            && !loc.is_null()
         {
             // SAFETY: `location` only ever holds `&'static Location` pointers.
             slot.locations.record_caught(unsafe { &*loc });
@@ -259,8 +278,14 @@ impl Carrier {
     /// known-blocking location): count this carrier as blocked and compensate now.
     pub(crate) fn enter_blocking(&self, at: &'static std::panic::Location<'static>) {
         let slot = self.slot();
+        if let Some(ring) = slot.tracing() {
+            let me = self.current.get();
+            // SAFETY: the fiber running on this carrier: live while it runs.
+            let id = if me.is_null() { 0 } else { unsafe { (*me).id().as_u64() } };
+            ring.push(Event::new(Kind::Blocking, id, 0, trace::site(at)));
+        }
         slot.location.store(at as *const _ as *mut _, Ordering::Release);
-        if !slot.in_blocking.swap(true, Ordering::AcqRel) {
+        if slot.flags.fetch_or(IN_BLOCKING, Ordering::AcqRel) & IN_BLOCKING == 0 {
             self.rt.blocked.fetch_add(1, Ordering::AcqRel);
             self.rt.compensate();
         }
@@ -269,7 +294,9 @@ impl Carrier {
     /// The blocking section ended (or its fiber switched out).
     pub(crate) fn exit_blocking(&self) {
         let slot = self.slot();
-        if slot.in_blocking.load(Ordering::Relaxed) && slot.in_blocking.swap(false, Ordering::AcqRel) {
+        if slot.in_blocking(Ordering::Relaxed)
+            && slot.flags.fetch_and(!IN_BLOCKING, Ordering::AcqRel) & IN_BLOCKING != 0
+        {
             self.rt.blocked.fetch_sub(1, Ordering::AcqRel);
             self.rt.shrink();
         }

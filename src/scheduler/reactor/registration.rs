@@ -223,6 +223,15 @@ impl Readiness {
     /// Parks the calling fiber until `dir` is ready, the socket closes, or `deadline` passes.
     /// Never returns spuriously.
     pub(crate) fn wait(&self, dir: Direction, deadline: Option<Instant>) -> Wait {
+        let reason = match dir {
+            Direction::Read => WaitReason::NetRead,
+            Direction::Write => WaitReason::NetWrite,
+        };
+        self.wait_because(dir, deadline, reason)
+    }
+
+    /// `wait`, with the reason a dump shows (the `hooks` feature names its own).
+    pub(crate) fn wait_because(&self, dir: Direction, deadline: Option<Instant>, reason: WaitReason) -> Wait {
         let me = crate::fiber::handle::current();
         loop {
             {
@@ -246,10 +255,6 @@ impl Readiness {
             let _listed = Listed { readiness: self, dir, fiber: &me };
             // The lock is released before parking: the reactor may now take it and wake us, and
             // an unpark that lands before the park leaves a token, so the park returns at once.
-            let reason = match dir {
-                Direction::Read => WaitReason::NetRead,
-                Direction::Write => WaitReason::NetWrite,
-            };
             crate::fiber::park::park_for(reason, deadline);
         }
     }
@@ -276,8 +281,10 @@ pub(crate) struct Registration {
     rt: RuntimeRef,
     /// The carrier whose poll set holds the descriptor now (`follow_caller` moves it).
     set: AtomicUsize,
-    /// Serialises moves.
+    /// Serialises moves, and moves with `retire`.
     moving: Mutex<()>,
+    /// `retire` has taken the descriptor out of its set already (the drop then does nothing).
+    retired: std::sync::atomic::AtomicBool,
     fd: i32,
 }
 
@@ -285,7 +292,14 @@ impl Registration {
     /// Registers `fd` with the poll set of carrier `set` of `rt`.
     pub(crate) fn new(rt: &RuntimeRef, set: usize, fd: i32) -> std::io::Result<Registration> {
         let readiness = rt.reactor.register(set, fd)?;
-        Ok(Registration { readiness, rt: rt.clone(), set: AtomicUsize::new(set), moving: Mutex::new(()), fd })
+        Ok(Registration {
+            readiness,
+            rt: rt.clone(),
+            set: AtomicUsize::new(set),
+            moving: Mutex::new(()),
+            retired: Default::default(),
+            fd,
+        })
     }
 
     /// Moves the registration to the poll set of the calling fiber's carrier, if that is a
@@ -312,7 +326,7 @@ impl Registration {
         // Another fiber moving it: leave it to that one.
         let Ok(_moving) = self.moving.try_lock() else { return false };
         let from = self.set.load(Ordering::Relaxed);
-        if from == here || self.readiness.has_waiters() {
+        if from == here || self.readiness.has_waiters() || self.retired.load(Ordering::Relaxed) {
             return false;
         }
         // On failure it stays where it is, served as before.
@@ -343,12 +357,31 @@ impl Registration {
     }
 }
 
+impl Registration {
+    /// Fails every waiter and takes the descriptor out of its set now, while it is still open,
+    /// for a holder that shares the registration with fibers still using it and cannot wait for
+    /// the last of them to drop it (the `hooks` feature's descriptor table, at `close(2)`: the
+    /// number may be reused at once). The drop then does nothing more.
+    #[cfg_attr(any(not(feature = "hooks"), loom), allow(dead_code))]
+    pub(crate) fn retire(&self) {
+        let _moving = self.moving.lock().unwrap_or_else(|e| e.into_inner());
+        // Relaxed: written and read under `moving`, or in the drop (which owns `self`).
+        if self.retired.swap(true, Ordering::Relaxed) {
+            return;
+        }
+        self.readiness.close();
+        self.rt.reactor.deregister(self.set.load(Ordering::Relaxed), self.fd, &self.readiness);
+    }
+}
+
 impl Drop for Registration {
     fn drop(&mut self) {
         // Before the descriptor closes (the socket drops its registration first): wake every
         // waiter with an error, then take the descriptor out of the epoll set.
-        self.readiness.close();
-        self.rt.reactor.deregister(*self.set.get_mut(), self.fd, &self.readiness);
+        if !*self.retired.get_mut() {
+            self.readiness.close();
+            self.rt.reactor.deregister(*self.set.get_mut(), self.fd, &self.readiness);
+        }
     }
 }
 

@@ -81,6 +81,9 @@ struct Watch {
     owner_polls: u64,
     /// The off-CPU rule's view of this carrier (`OffCpu`).
     off: OffCpu,
+    /// Counted blocked as a CPU hog for the sake of fibers starving in the injector
+    /// (`starved_in_injector`), not of its own queues.
+    for_injector: bool,
 }
 
 /// The supervisor thread's body.
@@ -107,9 +110,10 @@ pub(crate) fn run(rt: RuntimeRef) {
         watch.resize_with(started, Watch::default);
         let mut running = 0;
         let waiting = stealable(&rt, started);
+        let mut starved = starved_in_injector(&rt, &watch);
         for (i, w) in watch.iter_mut().enumerate() {
             report_blocked(&rt, i, w, &mut reported);
-            if sample(&rt, i, w, &mut starving, &mut profile, waiting > 0) {
+            if sample(&rt, i, w, &mut starving, &mut profile, waiting > 0, &mut starved) {
                 running += 1;
             }
         }
@@ -174,7 +178,8 @@ fn poll_unread_sets(rt: &Shared, watch: &mut [Watch]) {
 }
 
 /// Looks at carrier `i` once. Returns whether it is running a fiber. `work_waits`: fibers that
-/// any carrier may run are queued (`stealable`).
+/// any carrier may run are queued (`stealable`). `starved`: how many more CPU hogs may be
+/// counted blocked for fibers that starve in the injector (`starved_in_injector`).
 fn sample(
     rt: &Shared,
     i: usize,
@@ -182,11 +187,12 @@ fn sample(
     starving: &mut HashSet<usize>,
     profile: &mut Profile,
     work_waits: bool,
+    starved: &mut usize,
 ) -> bool {
     let slot = &rt.slots[i];
     let loc = slot.location.load(Ordering::Acquire);
     let progress = slot.progress.load(Ordering::Relaxed);
-    let in_blocking = slot.in_blocking.load(Ordering::Acquire);
+    let in_blocking = slot.in_blocking(Ordering::Acquire);
     // The off-CPU rule looks only while the carrier runs fibers and others wait that a
     // compensating carrier could take: reading costs ~0.4 µs a carrier, and nothing is read
     // while no work waits.
@@ -218,10 +224,11 @@ fn sample(
         if off {
             w.off.presumed = 0;
             rt.detections.fetch_add(1, Ordering::Relaxed);
+            rt.trace_blocked(i, slot);
             // The fiber running now is asleep in the kernel (`judge` looked): the carrier
             // records its location when it switches out, so that short blocking calls are
             // learnt too.
-            slot.caught.store(true, Ordering::Release);
+            slot.catch();
             if !w.blocked {
                 w.blocked = true;
                 rt.blocked.fetch_add(1, Ordering::AcqRel);
@@ -230,6 +237,7 @@ fn sample(
             w.off.counted = true;
         } else if w.blocked && !presumed {
             w.blocked = false;
+            w.for_injector = false;
             w.off.counted = false;
             rt.blocked.fetch_sub(1, Ordering::AcqRel);
             rt.shrink();
@@ -256,11 +264,17 @@ fn sample(
         // Fibers wait behind a fiber that hogs its carrier only if nobody else can take them:
         // the LIFO slot, the home queue and the inbox (fibers at home there) are its alone, the
         // deque is stealable.
-        let waiting = w.untaken >= WAIT_SAMPLES
+        let behind = w.untaken >= WAIT_SAMPLES
             || !slot.lifo.load(Ordering::Relaxed).is_null()
             || slot.home_len.load(Ordering::Relaxed) > 0
             || slot.inbox.maybe_nonempty();
+        // Or fibers starve in the injector, behind every carrier at once.
+        let waiting = behind || *starved > 0;
         let hogging = !in_kernel && w.stalled >= CPU_STALL_SAMPLES && waiting;
+        if hogging && !behind {
+            *starved -= 1;
+            w.for_injector = true;
+        }
         if hogging && rt.idle.sleeping_count() == 0 {
             // Every carrier busy and this one held by one fiber for ~100 ms: the queued
             // fibers starve unless the spare we are about to start takes them. Unless the
@@ -282,8 +296,9 @@ fn sample(
             w.blocked = true;
             rt.blocked.fetch_add(1, Ordering::AcqRel);
             rt.detections.fetch_add(1, Ordering::Relaxed);
+            rt.trace_blocked(i, slot);
             // The carrier records the location in its own map when it comes back.
-            slot.caught.store(true, Ordering::Release);
+            slot.catch();
             rt.compensate();
         }
     } else if w.blocked && lifo_may_run_elsewhere(rt, i) {
@@ -295,6 +310,24 @@ fn sample(
         rt.notify();
     }
     true
+}
+
+/// How many CPU hogs may be counted blocked this tick for the fibers waiting in the injector:
+/// none unless its oldest fiber has waited as long as a hog must stall to count (nobody took it:
+/// every carrier runs one fiber without a switch point), then one per such fiber, and at most
+/// `target` at a time, so that a burst of long computations adds at most as many carriers again.
+/// Fibers spawned from a plain thread queue there, behind no carrier in particular, so the
+/// per-carrier rule (fibers untaken in *its* queues) never saw them: 7 waited 10 s behind 6
+/// spinning carriers with `max_carriers` far off. (Go's sysmon preempts a goroutine that runs
+/// 10 ms; fibers cannot be preempted, so a carrier is added instead.)
+fn starved_in_injector(rt: &Shared, watch: &[Watch]) -> usize {
+    let Some(oldest) = rt.injector.oldest_stamp() else { return 0 };
+    let hog = (rt.config.supervisor_interval * CPU_STALL_SAMPLES).as_nanos() as u64;
+    if rt.ns_since_epoch(Instant::now()).saturating_sub(oldest) < hog {
+        return 0;
+    }
+    let counted = watch.iter().filter(|w| w.blocked && w.for_injector).count();
+    rt.injector.len().min(rt.target.saturating_sub(counted))
 }
 
 /// Fibers queued that any carrier may take: the injector, the deques and the hand-off slots

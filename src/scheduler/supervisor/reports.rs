@@ -9,7 +9,8 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use super::kernel::thread_stat;
-use super::{Shared, Watch, lifo_may_run_elsewhere};
+use super::{Watch, lifo_may_run_elsewhere};
+use crate::scheduler::Shared;
 
 /// How long every carrier up to `max_carriers` must stay blocked, with fibers waiting and no
 /// carrier switching, before the supervisor says so (`Saturation`): long enough that a burst of
@@ -84,7 +85,10 @@ pub(super) fn report_blocked(rt: &Shared, i: usize, w: &mut Watch, reported: &mu
     w.same += 1;
     let every = rt.config.supervisor_interval.max(Duration::from_micros(1));
     let samples = REPORT_BLOCKED_AFTER.as_nanos().div_ceil(every.as_nanos()).max(1);
-    if u128::from(w.same) != samples || reported.contains(&(loc as usize)) {
+    // From then on at every sample until said: one look at the thread's state could catch it
+    // between two of its sleeps (a wait during an unwind sleeps 1 ms at a time), or runnable on
+    // a loaded machine, and the report then never came (2 of 4 runs).
+    if u128::from(w.same) < samples || reported.contains(&(loc as usize)) {
         return;
     }
     let waiting = home_waiting(rt, i);

@@ -1,0 +1,392 @@
+//! The descriptor table: what the hooks know about each file descriptor a fiber has used, and
+//! the hooks that keep it true (`fcntl`, `ioctl(FIONBIO)`, `close`, `dup`, `dup2`, `dup3`).
+//!
+//! A socket or pipe that a fiber uses is put in non-blocking mode underneath, once, so that its
+//! calls can say `EAGAIN` and the fiber park on the carrier's reactor (`io.rs`). The user's own
+//! mode lives here: `fcntl(F_GETFL)` shows it, `F_SETFL` and `FIONBIO` change it (and keep the
+//! kernel's non-blocking), and a call on a descriptor the user made non-blocking returns
+//! `EAGAIN` as it would have. Descriptors are classified lazily, at their first call from a
+//! fiber, so creating one costs nothing; `close` forgets the entry before the number can be
+//! reused, and the `dup`s copy it (the duplicate shares the open file, and so its underlying
+//! non-blocking mode). `arch/hooks.md` ("Sockets and pipes").
+//!
+//! One word per descriptor, in chunks of 4,096 mapped on first use (no allocator in a hook):
+//! flag bits below, a spin-lock bit for classification and registration, and the address of
+//! the descriptor's reactor registration (made at its first wait), shared with the fibers
+//! waiting on it so that a `close` while they wait fails them rather than free it under them.
+
+use std::ffi::{c_int, c_long, c_ulong};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicPtr, AtomicUsize, Ordering};
+
+use super::real;
+use crate::scheduler::reactor::registration::Registration;
+
+/// The descriptor was classified (its other bits say what it is).
+pub(super) const KNOWN: usize = 1;
+/// A socket or pipe the hooks keep non-blocking underneath.
+pub(super) const POLLABLE: usize = 2;
+/// The user set it non-blocking: calls return `EAGAIN` rather than park.
+pub(super) const USER_NONBLOCK: usize = 4;
+/// A socket (it has `SO_RCVTIMEO`/`SO_SNDTIMEO`).
+pub(super) const SOCKET: usize = 8;
+/// The entry's spin lock.
+const LOCKED: usize = 16;
+const FLAGS: usize = KNOWN | POLLABLE | USER_NONBLOCK | SOCKET;
+const BITS: usize = 32;
+
+const CHUNK: usize = 4096;
+const CHUNKS: usize = 256;
+
+/// Descriptors at or above this number are not tracked: their calls pass straight through (the
+/// supervisor covers a fiber that blocks on one).
+pub(super) const LIMIT: usize = CHUNK * CHUNKS;
+
+static TABLE: [AtomicPtr<AtomicUsize>; CHUNKS] = [const { AtomicPtr::new(std::ptr::null_mut()) }; CHUNKS];
+
+/// A descriptor's registration, shared by the table and the fibers waiting on it. Aligned so
+/// that its address leaves the entry's flag bits free.
+#[repr(align(32))]
+pub(super) struct Hooked {
+    pub(super) reg: Registration,
+}
+
+/// The entry of `fd`; `make`: map its chunk if it is not there yet.
+fn entry(fd: c_int, make: bool) -> Option<&'static AtomicUsize> {
+    let fd = usize::try_from(fd).ok().filter(|&f| f < LIMIT)?;
+    let slot = &TABLE[fd / CHUNK];
+    // Acquire pairs with the Release of the store that published the chunk.
+    let mut p = slot.load(Ordering::Acquire);
+    if p.is_null() {
+        if !make {
+            return None;
+        }
+        p = map_chunk(slot)?;
+    }
+    // SAFETY: a published chunk holds `CHUNK` zero-initialised words and is never unmapped.
+    Some(unsafe { &*p.add(fd % CHUNK) })
+}
+
+#[cold]
+fn map_chunk(slot: &AtomicPtr<AtomicUsize>) -> Option<*mut AtomicUsize> {
+    let len = CHUNK * size_of::<AtomicUsize>();
+    // SAFETY: a fresh anonymous private mapping; checked below.
+    let m = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        )
+    };
+    if m == libc::MAP_FAILED {
+        return None;
+    }
+    let m = m.cast::<AtomicUsize>();
+    match slot.compare_exchange(std::ptr::null_mut(), m, Ordering::AcqRel, Ordering::Acquire) {
+        Ok(_) => Some(m),
+        Err(won) => {
+            // SAFETY: our mapping, never published.
+            unsafe { libc::munmap(m.cast(), len) };
+            Some(won)
+        }
+    }
+}
+
+/// The flags of `fd` now (0 if untracked), without classifying it.
+#[inline]
+pub(super) fn flags(fd: c_int) -> usize {
+    // Acquire pairs with `unlock`'s Release: a classified entry's flags are what its
+    // classification did to the descriptor.
+    entry(fd, false).map_or(0, |e| e.load(Ordering::Acquire) & FLAGS)
+}
+
+/// Takes `e`'s spin lock; returns the word. Held only for a few system calls at most.
+fn lock(e: &AtomicUsize) -> usize {
+    loop {
+        let w = e.load(Ordering::Relaxed);
+        if w & LOCKED == 0
+            && e.compare_exchange_weak(w, w | LOCKED, Ordering::Acquire, Ordering::Relaxed).is_ok()
+        {
+            return w;
+        }
+        std::hint::spin_loop();
+    }
+}
+
+fn unlock(e: &AtomicUsize, w: usize) {
+    e.store(w & !LOCKED, Ordering::Release);
+}
+
+/// The flags of `fd`, classifying it first if no fiber has used it yet: a socket or pipe is
+/// made non-blocking underneath, with the user's mode recorded. The standard streams (0 to 2)
+/// are left alone: they are often shared with other processes, which would see the change.
+pub(super) fn classify(fd: c_int) -> usize {
+    let Some(e) = entry(fd, true) else { return 0 };
+    let w = e.load(Ordering::Acquire);
+    if w & KNOWN != 0 {
+        return w & FLAGS;
+    }
+    let w = lock(e);
+    if w & KNOWN != 0 {
+        unlock(e, w);
+        return w & FLAGS;
+    }
+    let flags = classify_now(fd);
+    unlock(e, w | flags);
+    flags
+}
+
+fn classify_now(fd: c_int) -> usize {
+    if fd <= 2 {
+        return KNOWN;
+    }
+    let mut st = std::mem::MaybeUninit::<libc::stat>::uninit();
+    // SAFETY: `st` is a writable `stat`; `fstat` is not hooked.
+    if unsafe { libc::fstat(fd, st.as_mut_ptr()) } != 0 {
+        // Not open: record nothing, and let the caller's call fail as the kernel says.
+        return 0;
+    }
+    // SAFETY: `fstat` succeeded and filled it.
+    let mode = unsafe { st.assume_init() }.st_mode & libc::S_IFMT;
+    let kind = match mode {
+        libc::S_IFSOCK => POLLABLE | SOCKET,
+        libc::S_IFIFO => POLLABLE,
+        _ => return KNOWN,
+    };
+    // SAFETY: plain descriptor calls, to libc's own `fcntl`.
+    let fl = unsafe { real::fcntl(fd, libc::F_GETFL, 0) };
+    if fl < 0 {
+        return 0;
+    }
+    if fl & libc::O_NONBLOCK != 0 {
+        return KNOWN | kind | USER_NONBLOCK;
+    }
+    // SAFETY: as above.
+    if unsafe { real::fcntl(fd, libc::F_SETFL, (fl | libc::O_NONBLOCK) as c_long) } < 0 {
+        return KNOWN;
+    }
+    KNOWN | kind
+}
+
+/// `fd`'s registration, if a fiber has waited on it.
+pub(super) fn registration(fd: c_int) -> Option<Arc<Hooked>> {
+    let e = entry(fd, false)?;
+    // Most calls find none (no fiber has waited on it, or it never blocked): no lock then. A
+    // registration installed just after this load is found by the caller's next round.
+    if e.load(Ordering::Relaxed) & !(BITS - 1) == 0 {
+        return None;
+    }
+    let w = lock(e);
+    let p = (w & !(BITS - 1)) as *const Hooked;
+    let r = (!p.is_null()).then(|| {
+        // SAFETY: `p` came from `Arc::into_raw` and the table's reference stays while the lock is
+        // held (only a locked `forget` takes it).
+        unsafe {
+            Arc::increment_strong_count(p);
+            Arc::from_raw(p)
+        }
+    });
+    unlock(e, w);
+    r
+}
+
+/// Installs `make()`'s registration for `fd` in place of `old` (the one the caller found, or
+/// `None`); returns the one in the table afterwards (another fiber's, if it won the race).
+pub(super) fn install(
+    fd: c_int,
+    old: Option<&Arc<Hooked>>,
+    make: impl FnOnce() -> std::io::Result<Registration>,
+) -> std::io::Result<Arc<Hooked>> {
+    let e = entry(fd, true).ok_or_else(|| std::io::Error::from_raw_os_error(libc::EBADF))?;
+    let w = lock(e);
+    let p = (w & !(BITS - 1)) as *const Hooked;
+    let old_p = old.map_or(std::ptr::null(), Arc::as_ptr);
+    if p != old_p {
+        // SAFETY: as in `registration`.
+        let r = unsafe {
+            Arc::increment_strong_count(p);
+            Arc::from_raw(p)
+        };
+        unlock(e, w);
+        return Ok(r);
+    }
+    let new = match make() {
+        Ok(reg) => Arc::new(Hooked { reg }),
+        Err(err) => {
+            unlock(e, w);
+            return Err(err);
+        }
+    };
+    let raw = Arc::into_raw(Arc::clone(&new));
+    unlock(e, (w & FLAGS) | raw as usize);
+    if !p.is_null() {
+        // SAFETY: the table's reference to the old one, taken out of the table above.
+        let old = unsafe { Arc::from_raw(p) };
+        old.reg.retire();
+    }
+    Ok(new)
+}
+
+/// Forgets `fd` (it is being closed, or replaced by `dup2`): fails the fibers waiting on it and
+/// takes it out of the reactor while it is still open. Returns its flags.
+fn forget(fd: c_int) -> usize {
+    let Some(e) = entry(fd, false) else { return 0 };
+    let w = lock(e);
+    unlock(e, 0);
+    let p = (w & !(BITS - 1)) as *const Hooked;
+    if !p.is_null() {
+        // SAFETY: the table's reference, taken out of the table above.
+        let h = unsafe { Arc::from_raw(p) };
+        h.reg.retire();
+    }
+    w & FLAGS
+}
+
+/// Gives `new` (a duplicate of `old`) `old`'s flags: they share the open file, so its
+/// underlying non-blocking mode too. Its registration is its own, made at its first wait.
+///
+/// `old` is classified first if no fiber has used it: otherwise the first fiber to use one of
+/// the two would switch the shared open file to non-blocking, and the other, classified later,
+/// would read that as the user's own mode (a server's `try_clone` pair, seen returning `EAGAIN`
+/// to a blocking write). Classifying needs no fiber: a plain thread on a switched descriptor
+/// still blocks (`io.rs`).
+fn copy(old: c_int, new: c_int) {
+    let f = classify(old);
+    if let Some(e) = entry(new, f != 0) {
+        let w = lock(e);
+        debug_assert!(w & !(FLAGS | LOCKED) == 0, "a new descriptor with a registration");
+        unlock(e, f);
+    }
+}
+
+/// Interposes `close(2)`: the entry is forgotten before the number can be reused.
+///
+/// # Safety
+/// As for `close(2)` (the caller owns the descriptor).
+#[unsafe(no_mangle)]
+pub(super) unsafe extern "C" fn close(fd: c_int) -> c_int {
+    if !real::in_fork_child() {
+        forget(fd);
+    }
+    // SAFETY: the caller's descriptor.
+    unsafe { real::close(fd) }
+}
+
+/// Interposes `dup(2)`.
+///
+/// # Safety
+/// As for the C library's function of this name.
+#[unsafe(no_mangle)]
+pub(super) unsafe extern "C" fn dup(fd: c_int) -> c_int {
+    // SAFETY: the caller's descriptor.
+    let new = unsafe { real::dup(fd) };
+    if new >= 0 && !real::in_fork_child() {
+        copy(fd, new);
+    }
+    new
+}
+
+/// Interposes `dup2(2)`, which closes `new` first if it is open.
+///
+/// # Safety
+/// As for the C library's function of this name.
+#[unsafe(no_mangle)]
+pub(super) unsafe extern "C" fn dup2(old: c_int, new: c_int) -> c_int {
+    if real::in_fork_child() || old == new {
+        // SAFETY: the caller's descriptors.
+        return unsafe { real::dup2(old, new) };
+    }
+    forget(new);
+    // SAFETY: the caller's descriptors.
+    let r = unsafe { real::dup2(old, new) };
+    if r >= 0 {
+        copy(old, new);
+    }
+    r
+}
+
+/// Interposes `dup3(2)`.
+///
+/// # Safety
+/// As for the C library's function of this name.
+#[unsafe(no_mangle)]
+pub(super) unsafe extern "C" fn dup3(old: c_int, new: c_int, flags: c_int) -> c_int {
+    if real::in_fork_child() || old == new {
+        // SAFETY: the caller's arguments.
+        return unsafe { real::dup3(old, new, flags) };
+    }
+    forget(new);
+    // SAFETY: the caller's arguments.
+    let r = unsafe { real::dup3(old, new, flags) };
+    if r >= 0 {
+        copy(old, new);
+    }
+    r
+}
+
+/// Interposes `fcntl(2)`: `F_GETFL` shows the user's non-blocking mode, `F_SETFL` records it
+/// (the kernel's stays on), `F_DUPFD`/`F_DUPFD_CLOEXEC` copy the entry. `fcntl` is variadic;
+/// its one optional argument is an integer or a pointer, read as one `long` (`arch/hooks.md`).
+///
+/// # Safety
+/// As for `fcntl(2)`.
+#[unsafe(no_mangle)]
+pub(super) unsafe extern "C" fn fcntl(fd: c_int, cmd: c_int, arg: c_long) -> c_int {
+    let tracked = !real::in_fork_child() && flags(fd) & POLLABLE != 0;
+    match cmd {
+        libc::F_GETFL if tracked => {
+            // SAFETY: the caller's descriptor.
+            let r = unsafe { real::fcntl(fd, cmd, arg) };
+            if r < 0 {
+                return r;
+            }
+            let user = if flags(fd) & USER_NONBLOCK != 0 { libc::O_NONBLOCK } else { 0 };
+            (r & !libc::O_NONBLOCK) | user
+        }
+        libc::F_SETFL if tracked => {
+            let Some(e) = entry(fd, false) else { return -1 };
+            let w = lock(e);
+            // SAFETY: the caller's descriptor, with the kernel's non-blocking mode kept.
+            let r = unsafe { real::fcntl(fd, cmd, arg | libc::O_NONBLOCK as c_long) };
+            let user = if arg & libc::O_NONBLOCK as c_long != 0 { USER_NONBLOCK } else { 0 };
+            unlock(e, if r < 0 { w } else { (w & !USER_NONBLOCK) | user });
+            r
+        }
+        libc::F_DUPFD | libc::F_DUPFD_CLOEXEC => {
+            // SAFETY: the caller's arguments.
+            let new = unsafe { real::fcntl(fd, cmd, arg) };
+            if new >= 0 && !real::in_fork_child() {
+                copy(fd, new);
+            }
+            new
+        }
+        // SAFETY: the caller's arguments, as they came.
+        _ => unsafe { real::fcntl(fd, cmd, arg) },
+    }
+}
+
+/// Interposes `ioctl(2)`: `FIONBIO` (std's `set_nonblocking` on sockets) records the user's
+/// mode on a tracked descriptor and keeps the kernel's on; every other request passes through.
+///
+/// # Safety
+/// As for `ioctl(2)`.
+#[unsafe(no_mangle)]
+pub(super) unsafe extern "C" fn ioctl(fd: c_int, req: c_ulong, arg: c_long) -> c_int {
+    if req == libc::FIONBIO as c_ulong && !real::in_fork_child() && flags(fd) & POLLABLE != 0 {
+        if let Some(e) = entry(fd, false) {
+            let on: c_int = 1;
+            let w = lock(e);
+            // SAFETY: `FIONBIO` reads one `int` through its argument; ours is valid.
+            let r = unsafe { real::ioctl(fd, req, (&raw const on) as c_long) };
+            // SAFETY: the caller's `int` pointer, as the kernel would read it.
+            let user = if r >= 0 && unsafe { *(arg as *const c_int) } != 0 { USER_NONBLOCK } else { 0 };
+            unlock(e, if r < 0 { w } else { (w & !USER_NONBLOCK) | user });
+            return r;
+        }
+    }
+    // SAFETY: the caller's arguments, as they came.
+    unsafe { real::ioctl(fd, req, arg) }
+}
