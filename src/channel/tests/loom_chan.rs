@@ -233,7 +233,7 @@ fn stop_races_a_send(me_is_zero: bool) {
         let got = receiver.join().unwrap();
         let left = kept.try_recv();
         match got {
-            Ok(v) => assert_eq!((v, left), (7, Err(crate::channel::TryRecvError::Disconnected))),
+            Ok(v) => assert_eq!((v, left), (7, Err(crate::channel::error::TryRecvError::Disconnected))),
             Err(e) => {
                 assert_eq!(e, RecvTimeoutError::Timeout, "stopped");
                 assert_eq!(left, Ok(7), "a stopped receiver's message is still in the channel");
