@@ -36,6 +36,11 @@ fn main() {
     if a.switch("--no-pin") {
         builder = builder.pin_carriers(false);
     }
+    // `VT_TRACE=trace.json` records an execution trace, finished when Ctrl-C or SIGTERM stops
+    // the server (`vt-trace-report` turns it into an HTML report).
+    if let Some(path) = std::env::var_os("VT_TRACE").filter(|p| !p.is_empty()) {
+        builder = builder.trace(path);
+    }
     if let Some(n) = a.get("--carriers") {
         builder = builder.carriers(n);
     }

@@ -690,6 +690,7 @@ impl<T> Chan<T> {
         }
         let guard = OnUnwind(self);
         let mut deadline = deadline;
+        let mut stopped = false;
         let result = loop {
             // Acquire pairs with `fill_fast`'s Release.
             if self.fast.load(Ordering::Acquire) & TAG == READY {
@@ -705,9 +706,19 @@ impl<T> Chan<T> {
                     continue;
                 }
             }
+            // A stop that cannot unwind at the park (`Waiter::wait_or_abandon`): what the
+            // unwind runs, then a wait nobody served.
+            if loom::stop_due(deadline.is_some()) {
+                stopped = true;
+                break Some(Err(()));
+            }
             wait_list::park(WaitReason::ChannelRecv, deadline);
         };
-        std::mem::forget(guard);
+        if stopped {
+            drop(guard);
+        } else {
+            std::mem::forget(guard);
+        }
         result
     }
 
@@ -816,10 +827,12 @@ impl<T> Chan<T> {
             let abandon = |outcome: Option<Outcome>| {
                 if outcome.is_none() {
                     // Never taken: withdraw it, and drop the message (outside the lock) with
-                    // the rest of what the unwound fiber owned. It was never delivered.
+                    // the rest of what the unwound fiber owned. It was never delivered. A stop
+                    // that could not unwind (`Waiter::wait_or_abandon`) leaves it in the slot:
+                    // the timeout below hands it back to the caller.
                     let mut synced = self.lock();
                     synced.senders.remove(slot.waiter());
-                    let msg = slot.take();
+                    let msg = if std::thread::panicking() { slot.take() } else { None };
                     drop(synced);
                     drop(msg);
                 }

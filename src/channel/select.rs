@@ -190,7 +190,12 @@ pub(crate) fn run_list<L: ArmList + ?Sized>(arms: &mut L, deadline: Deadline, bi
                         arms.get(i).abandon_granted();
                     }
                 };
-                Some(waiter.wait_or_abandon(WaitReason::Select, until, abandon))
+                Some(waiter.wait_or_abandon_timing_out(
+                    WaitReason::Select,
+                    until,
+                    deadline.is_some(),
+                    abandon,
+                ))
             }
             Poll::Done | Poll::Chosen | Poll::Lost => None,
         };
@@ -223,7 +228,9 @@ pub(crate) fn run_list<L: ArmList + ?Sized>(arms: &mut L, deadline: Deadline, bi
             // A race undid the readiness we saw.
             None => {}
         }
-        if deadline.is_some_and(loom::expired) {
+        // A stop that could not unwind ended the wait early (`wait_or_abandon_timing_out`):
+        // the call times out.
+        if deadline.is_some_and(|d| loom::expired(d) || loom::stop_due(true)) {
             return None;
         }
     }

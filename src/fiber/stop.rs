@@ -151,6 +151,17 @@ pub fn check_cancelled() {
     }
 }
 
+/// Whether a stop is due for the caller that its switch point cannot act on by unwinding: in a
+/// build without unwinding (`panic = "abort"`), where `raise` does nothing. A timed wait asks
+/// this before it parks and, if so, ends as if its deadline had passed, so the caller gets the
+/// timeout error its API already has (`arch/decisions/0004-cancellation.md`). Always false where
+/// unwinding works: there the park's stop point unwinds instead.
+#[cfg_attr(loom, allow(dead_code))] // loom models stand in for the stop themselves
+#[inline]
+pub(crate) fn due_without_unwinding() -> bool {
+    cfg!(panic = "abort") && !std::thread::panicking() && is_cancelled()
+}
+
 /// Reads the stop state of the calling fiber, or of this plain thread (deadlines only).
 pub(super) fn with_state<R>(f: impl FnOnce(u8, u32, *const DeadlineScope) -> R) -> R {
     let rec = context::current_fiber();

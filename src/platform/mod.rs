@@ -206,8 +206,11 @@ pub(crate) fn hold_across_fork(take: fn() -> ForkGuard) {
         static HELD: std::cell::RefCell<Vec<ForkGuard>> = const { std::cell::RefCell::new(Vec::new()) };
     }
     extern "C" fn prepare() {
-        let takers = TAKERS.lock().unwrap_or_else(|e| e.into_inner()).clone();
-        let guards: Vec<ForkGuard> = takers.iter().map(|take| take()).collect();
+        // The list's own lock is held across the fork too: a lock registered first in the
+        // child takes it.
+        let takers = TAKERS.lock().unwrap_or_else(|e| e.into_inner());
+        let mut guards: Vec<ForkGuard> = takers.iter().map(|take| take()).collect();
+        guards.push(Box::new(takers));
         HELD.with(|h| *h.borrow_mut() = guards);
     }
     extern "C" fn after() {

@@ -307,7 +307,7 @@ fn describe(rt: &Shared, f: &FiberRef, now: u64) -> Option<FiberInfo> {
         RUNNING => {
             let carrier = f.carrier.load(Ordering::Relaxed) as usize;
             match rt.slots.get(carrier) {
-                Some(slot) if slot.in_blocking.load(Ordering::Acquire) => {
+                Some(slot) if slot.in_blocking(Ordering::Acquire) => {
                     let at = slot.location.load(Ordering::Acquire);
                     if at.is_null() {
                         FiberState::Running { carrier }

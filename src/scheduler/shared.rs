@@ -9,7 +9,7 @@ use std::ptr::NonNull;
 
 use std::panic::Location;
 use std::sync::OnceLock;
-use std::sync::atomic::{AtomicBool, AtomicI32, AtomicPtr, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicPtr, AtomicU8, AtomicU64, AtomicUsize, Ordering};
 
 use crate::loom::StdMutex as Mutex;
 use std::thread::Thread;
@@ -66,12 +66,9 @@ pub(crate) struct CarrierSlot {
     /// Location of the fiber running now (its spawn site, or its `blocking` call site), or null
     /// between fibers. Written by the carrier at every switch; sampled by the supervisor.
     pub(super) location: AtomicPtr<Location<'static>>,
-    /// The fiber running here declared (or is known) to block its thread; the carrier counts
-    /// itself in `Shared::blocked` while this is set.
-    pub(super) in_blocking: AtomicBool,
-    /// Set by the supervisor when it catches this carrier blocked; the carrier records the
-    /// location in its map when the fiber switches out, and clears it.
-    pub(super) caught: AtomicBool,
+    /// `IN_BLOCKING` and `CAUGHT`, in one word so that a switch out tests both with one load
+    /// (`Carrier::switched_out`; both are rare).
+    pub(super) flags: AtomicU8,
     /// The carrier thread's kernel id, for `/proc/self/task/<tid>/stat`.
     pub(super) tid: AtomicI32,
     pub(super) locations: locations::LocationMap,
@@ -86,7 +83,28 @@ pub(crate) struct CarrierSlot {
     pub(super) stats: Stats,
 }
 
+/// `CarrierSlot::flags`: the fiber running here declared (or is known) to block its thread;
+/// the carrier counts itself in `Shared::blocked` while this is set.
+pub(super) const IN_BLOCKING: u8 = 1;
+/// `CarrierSlot::flags`: set by the supervisor when it catches this carrier blocked; the
+/// carrier records the location in its map when the fiber switches out, and clears it.
+pub(super) const CAUGHT: u8 = 2;
+
 impl CarrierSlot {
+    pub(super) fn in_blocking(&self, order: Ordering) -> bool {
+        self.flags.load(order) & IN_BLOCKING != 0
+    }
+
+    /// Blocked in the OS, by its own count or the supervisor's catch.
+    pub(super) fn held(&self) -> bool {
+        self.flags.load(Ordering::Relaxed) != 0
+    }
+
+    /// The supervisor caught the carrier blocked (see `CAUGHT`).
+    pub(super) fn catch(&self) {
+        self.flags.fetch_or(CAUGHT, Ordering::Release);
+    }
+
     /// The carrier's trace ring, while a trace runs: each trace hook's one branch.
     #[inline(always)]
     pub(super) fn tracing(&self) -> Option<&super::trace::Ring> {
@@ -109,8 +127,7 @@ impl CarrierSlot {
             on_reactor: AtomicBool::new(false),
             lifo: AtomicPtr::new(std::ptr::null_mut()),
             location: AtomicPtr::new(std::ptr::null_mut()),
-            in_blocking: AtomicBool::new(false),
-            caught: AtomicBool::new(false),
+            flags: AtomicU8::new(0),
             tid: AtomicI32::new(0),
             locations: locations::LocationMap::default(),
             retired: AtomicBool::new(false),

@@ -17,6 +17,15 @@ mod imp {
 
     // Parking goes through `wait_list::park`, which records the wait reason for dumps.
 
+    /// Whether a wait about to park must end instead, for a stop request that cannot unwind
+    /// here (`fiber::stop::due_without_unwinding`: a build without unwinding). Only timed waits
+    /// end so (`timed`): they have an error to return; an untimed one parks on, and its
+    /// caller sees the stop at its next switch point where one can act (`is_cancelled`).
+    #[inline]
+    pub(crate) fn stop_due(timed: bool) -> bool {
+        timed && crate::fiber::stop::due_without_unwinding()
+    }
+
     /// Who is calling, as a number that no other live caller has: the running fiber's record
     /// (its address; a channel that remembers it also holds a counted handle to it, so it is
     /// not reused meanwhile), or 0 on a plain thread.
@@ -31,6 +40,28 @@ mod imp {
     use std::time::Instant;
 
     pub(crate) use loom::thread::{Thread as Fiber, current, park};
+
+    use loom::sync::atomic::AtomicBool;
+    use std::cell::RefCell;
+
+    loom::thread_local! {
+        /// The model thread's stop request (a stand-in for its fiber record's `stop` byte),
+        /// installed by `stop_flag`.
+        static STOP: RefCell<Option<loom::sync::Arc<AtomicBool>>> = RefCell::new(None);
+    }
+
+    /// Makes `flag` the calling model thread's stop request: a canceller sets it (Release)
+    /// and unparks the thread, as `CancelHandle::cancel` does to a fiber.
+    pub(crate) fn stop_flag(flag: loom::sync::Arc<AtomicBool>) {
+        STOP.with(|s| *s.borrow_mut() = Some(flag));
+    }
+
+    /// Whether the model thread has been asked to stop, at a park. Loom cannot unwind a model
+    /// thread (its own state would be poisoned), so a wait that sees it runs what the unwind
+    /// would run instead (`Waiter::wait_or_abandon`), timed or not.
+    pub(crate) fn stop_due(_timed: bool) -> bool {
+        STOP.with(|s| s.borrow().as_ref().is_some_and(|f| f.load(loom::sync::atomic::Ordering::Acquire)))
+    }
 
     /// A timed park: the model treats the timer as having fired already, so this only yields.
     pub(crate) fn park_until(_deadline: Instant) {

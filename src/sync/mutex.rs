@@ -123,8 +123,10 @@ impl<T: ?Sized> Mutex<T> {
     /// caller already holds deadlocks.
     pub fn lock(&self) -> LockResult<MutexGuard<'_, T>> {
         // Acquire pairs with the Release of the unlock that freed it.
-        if self.state.compare_exchange(0, LOCKED, Ordering::Acquire, Ordering::Relaxed).is_err() {
-            self.lock_contended();
+        if self.state.compare_exchange(0, LOCKED, Ordering::Acquire, Ordering::Relaxed).is_err()
+            && !self.lock_contended()
+        {
+            unreachable!("only a loom model's stop ends a lock wait without the lock");
         }
         // SAFETY: the lock is held by this caller from here until the guard drops.
         unsafe { MutexGuard::new(self) }
@@ -165,9 +167,12 @@ impl<T: ?Sized> Mutex<T> {
         self.poison.result(self.data.get_mut())
     }
 
-    fn lock_contended(&self) {
+    /// The lock's slow path. False only when a stop request that cannot unwind ended the wait
+    /// (a loom model's stand-in for the unwind, `Waiter::wait_or_abandon`): the lock then went
+    /// to the next waiter, as the unwind's `abandon` hands it on.
+    fn lock_contended(&self) -> bool {
         if self.spin() {
-            return;
+            return true;
         }
         let waiter = Arc::new(Waiter::new());
         let mut handoff = false;
@@ -182,7 +187,7 @@ impl<T: ?Sized> Mutex<T> {
                         .compare_exchange(state, state | LOCKED, Ordering::Acquire, Ordering::Relaxed)
                         .is_ok()
                     {
-                        return;
+                        return true;
                     }
                     continue;
                 }
@@ -207,9 +212,10 @@ impl<T: ?Sized> Mutex<T> {
             match waiter.wait_or_abandon(WaitReason::Mutex, None, |outcome| self.abandon(&waiter, outcome)) {
                 // The unlocker kept LOCKED set and handed it over; its Release on the waiter's
                 // state, seen by `wait`'s Acquire, orders the previous holder's writes.
-                Outcome::Granted(_) => return,
+                Outcome::Granted(_) => return true,
                 Outcome::Woken(_) => handoff = true,
-                Outcome::TimedOut => unreachable!("untimed wait"),
+                // Untimed: only a stop that `abandon` already dealt with.
+                Outcome::TimedOut => return false,
             }
         }
     }
@@ -291,9 +297,15 @@ impl<T: ?Sized> Mutex<T> {
             // Handed the lock: pass it on.
             Some(Outcome::Granted(_)) => self.unlock(),
             // Woken to retry after an unlock: retry once, so the next waiter gets woken by
-            // our unlock rather than by nobody.
+            // our unlock rather than by nobody. The unlocker stores the state after its wake,
+            // under `queue`: read it under `queue` too, or its own LOCKED, about to be
+            // cleared, reads as another holder's and nobody wakes the next waiter (found by
+            // `loom_tests::stop_races_a_lock_hand_off`).
             Some(Outcome::Woken(_)) => {
-                let state = self.state.load(Ordering::Relaxed);
+                let state = {
+                    let _queue = self.queue.lock().unwrap_or_else(PoisonError::into_inner);
+                    self.state.load(Ordering::Relaxed)
+                };
                 if state & LOCKED == 0
                     && self
                         .state

@@ -215,10 +215,30 @@ impl Waiter {
     /// or with the outcome another party decided first, whose grant or wake-up the caller
     /// must hand on (a lock, a permit, a message, a notification): nobody else will use it.
     /// `abandon` runs during unwinding, so it must not park or panic.
+    ///
+    /// A stop request that cannot unwind at the park (a build without unwinding, for a timed
+    /// wait; any wait of a loom model, which stands in for the unwind so) takes the same way
+    /// out without the unwind: `abandon` runs here, and the wait ends as `TimedOut`, one that
+    /// nobody acted on for the caller. The caller's `TimedOut` path then returns the timeout
+    /// error its API has (its own clean-up finds the waiter's entries gone already). Where
+    /// unwinding works, this costs nothing: the check is a constant `false`.
     pub(crate) fn wait_or_abandon(
         &self,
         reason: WaitReason,
         deadline: Option<Instant>,
+        abandon: impl FnOnce(Option<Outcome>),
+    ) -> Outcome {
+        self.wait_or_abandon_timing_out(reason, deadline, deadline.is_some(), abandon)
+    }
+
+    /// [`Waiter::wait_or_abandon`] whose caller says whether it has a timeout to report
+    /// (`times_out`) apart from the park's wake-up time (a `select!`'s timer arm wakes it
+    /// without a deadline of the call's own): only then may a stop that cannot unwind end it.
+    pub(crate) fn wait_or_abandon_timing_out(
+        &self,
+        reason: WaitReason,
+        deadline: Option<Instant>,
+        times_out: bool,
         abandon: impl FnOnce(Option<Outcome>),
     ) -> Outcome {
         struct OnUnwind<'a, F: FnOnce(Option<Outcome>)>(&'a Waiter, Option<F>);
@@ -230,32 +250,58 @@ impl Waiter {
             }
         }
         let mut guard = OnUnwind(self, Some(abandon));
-        let outcome = self.wait(reason, deadline);
-        guard.1 = None; // returned normally: nothing to hand on
-        outcome
+        match self.wait_until(reason, deadline, Some(times_out)) {
+            Some(outcome) => {
+                guard.1 = None; // returned normally: nothing to hand on
+                outcome
+            }
+            None => {
+                drop(guard); // what the unwind would have run
+                Outcome::TimedOut
+            }
+        }
     }
 
     /// Parks until another party wakes or grants this waiter, or until `deadline` passes and
     /// `cancel` wins. A held waiter waits for its holder, past the deadline. Called only by
     /// the fiber or thread that created the waiter.
     pub(crate) fn wait(&self, reason: WaitReason, deadline: Option<Instant>) -> Outcome {
+        self.wait_until(reason, deadline, None).expect("a wait that a stop does not end")
+    }
+
+    /// `wait`; if `stoppable` (saying whether the caller has a timeout to report), `None` when
+    /// a stop request that cannot unwind came at a park (`loom::stop_due`), where the park's
+    /// stop point would have unwound.
+    fn wait_until(
+        &self,
+        reason: WaitReason,
+        deadline: Option<Instant>,
+        stoppable: Option<bool>,
+    ) -> Option<Outcome> {
+        let stop_due = || stoppable.is_some_and(loom::stop_due);
         loop {
             // Acquire pairs with the Release of `transition` and `grant_held`.
             let state = self.state.load(Ordering::Acquire);
             if state & TAG_MASK == HELD {
+                if stop_due() {
+                    return None;
+                }
                 park(reason, None);
                 continue;
             }
             if state != WAITING {
-                return Outcome::decode(state);
+                return Some(Outcome::decode(state));
             }
             if let Some(deadline) = deadline {
                 if loom::expired(deadline) {
                     if self.cancel() {
-                        return Outcome::TimedOut;
+                        return Some(Outcome::TimedOut);
                     }
                     continue;
                 }
+            }
+            if stop_due() {
+                return None;
             }
             park(reason, deadline);
         }

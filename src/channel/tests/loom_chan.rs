@@ -202,3 +202,52 @@ fn select_timeout_races_send() {
         assert_eq!(got.is_some(), sent);
     });
 }
+
+/// A stop meets a send to a parked receiver. Loom cannot unwind a model thread, so the stop
+/// is modelled without one: at its park the receiver's wait runs what the unwind runs (the
+/// wait's abandon path: `Waiter::wait_or_abandon`, or the fast slot's guard in `wait_fast`)
+/// and ends as `Timeout`. The message is delivered, or the receiver is stopped and the message
+/// is still in the channel: never both, never neither. `me` picks the wait: a model thread's
+/// id arms the fast slot, 0 (a plain thread's) queues a waiter, as every receiver behind the
+/// fast slot's owner does.
+fn stop_races_a_send(me_is_zero: bool) {
+    use ::loom::sync::Arc;
+    use ::loom::sync::atomic::{AtomicBool, Ordering};
+    ::loom::model(move || {
+        let (tx, rx) = bounded::<u32>(1);
+        let flag = Arc::new(AtomicBool::new(false));
+        let stop = flag.clone();
+        let kept = rx.clone(); // the channel outlives the stopped receiver
+        let receiver = ::loom::thread::spawn(move || {
+            crate::sync::loom::stop_flag(stop);
+            let me = if me_is_zero { 0 } else { crate::sync::loom::current_id() };
+            rx.chan.recv_locked(me, None)
+        });
+        // The canceller: `CancelHandle::cancel` sets the stop and unparks, here while nobody
+        // else can hold the channel's inner lock (loom's `Thread::unpark` also resumes a thread
+        // blocked on a loom lock, as if it were free). The receiver may be parked, or not yet.
+        flag.store(true, Ordering::Release);
+        receiver.thread().unpark();
+        let sender = ::loom::thread::spawn(move || tx.send(7).unwrap());
+        sender.join().unwrap();
+        let got = receiver.join().unwrap();
+        let left = kept.try_recv();
+        match got {
+            Ok(v) => assert_eq!((v, left), (7, Err(crate::channel::error::TryRecvError::Disconnected))),
+            Err(e) => {
+                assert_eq!(e, RecvTimeoutError::Timeout, "stopped");
+                assert_eq!(left, Ok(7), "a stopped receiver's message is still in the channel");
+            }
+        }
+    });
+}
+
+#[test]
+fn stop_races_a_send_to_a_receiver_in_the_fast_slot() {
+    stop_races_a_send(false);
+}
+
+#[test]
+fn stop_races_a_send_to_a_queued_receiver() {
+    stop_races_a_send(true);
+}

@@ -131,8 +131,7 @@ impl Carrier {
             && rt.slots.upto(n).enumerate().any(|(i, s)| {
                 i != self.index
                     && !s.retired.load(Ordering::Relaxed)
-                    && !s.in_blocking.load(Ordering::Relaxed)
-                    && !s.caught.load(Ordering::Relaxed)
+                    && !s.held()
                     && s.home_len.load(Ordering::Relaxed) + HEAVIER_BY < mine
             });
         self.heavier.set(heavier);
@@ -238,7 +237,7 @@ impl Carrier {
                 }
             }
             // A blocked carrier cannot run the fiber it was about to run next: take it.
-            if vslot.in_blocking.load(Ordering::Relaxed) || vslot.caught.load(Ordering::Relaxed) {
+            if vslot.held() {
                 let p = vslot.lifo.swap(std::ptr::null_mut(), Ordering::Acquire);
                 // SAFETY: as in `lifo_take`.
                 if let Some(f) = unsafe { FiberRef::from_raw(p) } {
@@ -311,9 +310,7 @@ impl Carrier {
     pub(super) fn poll_foreign_sets(&self) -> usize {
         let mut woken = 0;
         for (i, slot) in self.rt.slots.upto(self.rt.started()).enumerate() {
-            if i != self.index
-                && (slot.in_blocking.load(Ordering::Relaxed) || slot.caught.load(Ordering::Relaxed))
-            {
+            if i != self.index && slot.held() {
                 woken += self.rt.reactor.try_poll(i, false);
             }
         }

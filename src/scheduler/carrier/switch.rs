@@ -3,6 +3,7 @@
 
 use super::caches::take_finished;
 use super::*;
+use crate::scheduler::shared::{CAUGHT, IN_BLOCKING};
 
 impl Carrier {
     /// Runs `f`, and then, as long as each fiber yields straight to the next (`yield_at_home`),
@@ -246,13 +247,26 @@ impl Carrier {
     }
 
     /// Bookkeeping when a fiber leaves this carrier: the supervisor's view and blocking state.
+    /// Caught and blocking are rare and share one word: one load tests both.
     pub(super) fn switched_out(&self) {
         let slot = self.slot();
-        // This carrier is the only writer of `location`: a load and a store, not a swap (one
-        // locked instruction fewer per switch).
+        if slot.flags.load(Ordering::Relaxed) != 0 {
+            return self.switched_out_held();
+        }
+        slot.location.store(std::ptr::null_mut(), Ordering::Release);
+    }
+
+    /// `switched_out` when the carrier was caught blocked or is in a blocking section.
+    #[cold]
+    #[inline(never)]
+    fn switched_out_held(&self) {
+        let slot = self.slot();
+        // This carrier is the only writer of `location`: a load and a store, not a swap.
         let loc = slot.location.load(Ordering::Relaxed);
         slot.location.store(std::ptr::null_mut(), Ordering::Release);
-        if slot.caught.load(Ordering::Relaxed) && slot.caught.swap(false, Ordering::Acquire) && !loc.is_null()
+        if slot.flags.load(Ordering::Relaxed) & CAUGHT != 0
+            && slot.flags.fetch_and(!CAUGHT, Ordering::Acquire) & CAUGHT != 0
+            && !loc.is_null()
         {
             // SAFETY: `location` only ever holds `&'static Location` pointers.
             slot.locations.record_caught(unsafe { &*loc });
@@ -271,7 +285,7 @@ impl Carrier {
             ring.push(Event::new(Kind::Blocking, id, 0, trace::site(at)));
         }
         slot.location.store(at as *const _ as *mut _, Ordering::Release);
-        if !slot.in_blocking.swap(true, Ordering::AcqRel) {
+        if slot.flags.fetch_or(IN_BLOCKING, Ordering::AcqRel) & IN_BLOCKING == 0 {
             self.rt.blocked.fetch_add(1, Ordering::AcqRel);
             self.rt.compensate();
         }
@@ -280,7 +294,9 @@ impl Carrier {
     /// The blocking section ended (or its fiber switched out).
     pub(crate) fn exit_blocking(&self) {
         let slot = self.slot();
-        if slot.in_blocking.load(Ordering::Relaxed) && slot.in_blocking.swap(false, Ordering::AcqRel) {
+        if slot.in_blocking(Ordering::Relaxed)
+            && slot.flags.fetch_and(!IN_BLOCKING, Ordering::AcqRel) & IN_BLOCKING != 0
+        {
             self.rt.blocked.fetch_sub(1, Ordering::AcqRel);
             self.rt.shrink();
         }

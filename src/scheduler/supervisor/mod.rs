@@ -192,7 +192,7 @@ fn sample(
     let slot = &rt.slots[i];
     let loc = slot.location.load(Ordering::Acquire);
     let progress = slot.progress.load(Ordering::Relaxed);
-    let in_blocking = slot.in_blocking.load(Ordering::Acquire);
+    let in_blocking = slot.in_blocking(Ordering::Acquire);
     // The off-CPU rule looks only while the carrier runs fibers and others wait that a
     // compensating carrier could take: reading costs ~0.4 µs a carrier, and nothing is read
     // while no work waits.
@@ -228,7 +228,7 @@ fn sample(
             // The fiber running now is asleep in the kernel (`judge` looked): the carrier
             // records its location when it switches out, so that short blocking calls are
             // learnt too.
-            slot.caught.store(true, Ordering::Release);
+            slot.catch();
             if !w.blocked {
                 w.blocked = true;
                 rt.blocked.fetch_add(1, Ordering::AcqRel);
@@ -298,7 +298,7 @@ fn sample(
             rt.detections.fetch_add(1, Ordering::Relaxed);
             rt.trace_blocked(i, slot);
             // The carrier records the location in its own map when it comes back.
-            slot.caught.store(true, Ordering::Release);
+            slot.catch();
             rt.compensate();
         }
     } else if w.blocked && lifo_may_run_elsewhere(rt, i) {

@@ -61,8 +61,14 @@ struct Out {
     tracks: Vec<bool>,
 }
 
-pub(super) fn run(inner: &Arc<Inner>, file: File, first_drops: Vec<u64>) -> io::Result<TraceSummary> {
-    let mut clock = Clock { t0: Instant::now(), c0: now(), us_per_tick: 1e-3 };
+/// `started`: the `Instant` and the counter read together before any carrier could record.
+pub(super) fn run(
+    inner: &Arc<Inner>,
+    file: File,
+    first_drops: Vec<u64>,
+    started: (Instant, u64),
+) -> io::Result<TraceSummary> {
+    let mut clock = Clock { t0: started.0, c0: started.1, us_per_tick: 1e-3 };
     let mut out = Out {
         w: BufWriter::with_capacity(1 << 20, file),
         line: String::with_capacity(512),
@@ -188,7 +194,7 @@ impl Out {
 
     fn event(&mut self, clock: &Clock, tid: u64, e: &Event) -> io::Result<()> {
         self.track(tid)?;
-        let ts = clock.us(e.ts);
+        let ts = clock.us(e.ts).max(0.0);
         let mut l = std::mem::take(&mut self.line);
         l.clear();
         let kind = e.kind;
@@ -289,12 +295,16 @@ impl Out {
             }
             l.push_str("}}");
         } else if kind == Kind::Idle as u8 {
-            let dur = e.x as f64 / 1e3;
-            let _ = write!(
-                l,
-                "{{\"ph\":\"X\",\"cat\":\"idle\",\"name\":\"idle\",\"pid\":1,\"tid\":{tid},\"ts\":{:.3},\"dur\":{dur:.3}}}",
-                ts - dur
-            );
+            // An idle period that began before the trace is shown from the trace's start.
+            let end = clock.ns(e.ts);
+            let start = end.saturating_sub(e.x);
+            l.push_str("{\"ph\":\"X\",\"cat\":\"idle\",\"name\":\"idle\",\"pid\":1,\"tid\":");
+            push_u64(&mut l, tid);
+            l.push_str(",\"ts\":");
+            push_us(&mut l, start);
+            l.push_str(",\"dur\":");
+            push_us(&mut l, end - start);
+            l.push('}');
         } else {
             let (name, args) = match kind {
                 k if k == Kind::Steal as u8 => ("steal", format!("\"from\":{},\"fibers\":{}", e.x, e.y)),
