@@ -22,6 +22,8 @@ pub(crate) mod park;
 pub(crate) mod schedule;
 pub(crate) mod scope_data;
 pub(crate) mod sleep;
+#[cfg(feature = "tracing")]
+pub(crate) mod spans;
 pub(crate) mod stack;
 pub(crate) mod stage;
 pub(crate) mod state;
@@ -429,10 +431,14 @@ impl FiberRecord {
         debug_assert!(!y.is_null(), "suspend before the fiber started");
         // What the resume passes in is this fiber's own record: only `coroutine::fiber_loop`,
         // between fibers, is resumed for another.
+        #[cfg(feature = "tracing")]
+        let held = spans::leave();
         // SAFETY: the yielder lives on the coroutine's own stack for the coroutine's whole life
         // (which spans its fibers') and was stored by the fiber when it started; we are that
         // fiber (precondition), so the yielder is live and belongs to the coroutine now running.
         let _ = unsafe { (*y).suspend(why) };
+        #[cfg(feature = "tracing")]
+        spans::enter_again(held);
     }
 
     pub(crate) fn state(&self) -> u32 {

@@ -102,6 +102,8 @@ impl Builder {
             Some(bytes) => SizeClass::get(usable_size(bytes)?),
             None => rt.stacks(),
         };
+        #[cfg(feature = "tracing")]
+        let f = crate::fiber::spans::in_current_span(f);
         let c = crate::scheduler::carrier::here();
         // SAFETY: a non-null carrier pointer is this thread's live carrier; it is used only
         // until `schedule_local` below, before any switch point.
@@ -135,12 +137,12 @@ impl Builder {
             spawned_at: at,
             runtime,
             class,
-            vtable: &Erased::<F, T>::VTABLE,
+            vtable: vtable_of(&f),
             scope,
             since: rt.stamp(),
         };
         // SAFETY: `slot` came from a pool (or is new): unused and ours.
-        let (rec, for_handle) = unsafe { prepare::<F, T>(slot, init, f) };
+        let (rec, for_handle) = unsafe { prepare(slot, init, f) };
         let handle = JoinHandle::new(for_handle);
         match local {
             Some(c) => {
@@ -151,6 +153,12 @@ impl Builder {
         }
         Ok(handle)
     }
+}
+
+/// The stage's functions for a closure of `f`'s type (named by a value: with the `tracing`
+/// feature the closure is wrapped, and its type has no name).
+fn vtable_of<F: FnOnce() -> T + Send, T: Send>(_: &F) -> &'static crate::fiber::stage::StageVTable {
+    &Erased::<F, T>::VTABLE
 }
 
 /// The fork-yield rule: a fiber that spawns many children in a row yields every `fork_yield`
@@ -251,6 +259,8 @@ where
     F: FnOnce() -> T + Send,
     T: Send,
 {
+    #[cfg(feature = "tracing")]
+    let f = crate::fiber::spans::in_current_span(f);
     let rt = c.shared();
     let class = rt.stacks();
     let id = c.next_id();
@@ -266,13 +276,13 @@ where
         spawned_at: at,
         runtime,
         class,
-        vtable: &Erased::<F, T>::VTABLE,
+        vtable: vtable_of(&f),
         scope: None,
         since: rt.stamp(),
     };
     // SAFETY: `slot` came from the carrier's pool: unused and ours; the caller's contract
     // covers what `f` borrows.
-    let (rec, for_handle) = unsafe { prepare::<F, T>(slot, init, f) };
+    let (rec, for_handle) = unsafe { prepare(slot, init, f) };
     c.schedule_spawned(rec);
     fork_yield(c);
     // The handle is built here, from the reference kept in a register: built before the calls

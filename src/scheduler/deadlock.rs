@@ -95,6 +95,8 @@ pub(crate) fn check_deadlock(rt: &Shared) -> bool {
          period or turns the report off.)\n{dump}",
         rt.config.deadlock_report.unwrap_or_default().as_millis(),
     );
+    #[cfg(feature = "tracing")]
+    tracing::error!(target: "virtual_threads", fibers = dump.len(), "possible deadlock: all fibers are asleep");
     if std::env::var_os("VT_DEADLOCK_ABORT").is_some_and(|v| v != "0") {
         eprintln!("virtual-threads: VT_DEADLOCK_ABORT is set; aborting");
         std::process::abort();

@@ -182,5 +182,13 @@ impl Schedule for RuntimeRef {
 
     fn panicked(rec: &FiberRecord) {
         super::carrier::trace_panic(rec.id().as_u64());
+        #[cfg(feature = "tracing")]
+        tracing::error!(
+            target: "virtual_threads",
+            fiber = rec.id().as_u64(),
+            name = rec.name().unwrap_or(""),
+            spawned_at = %rec.spawned_at(),
+            "a fiber panicked"
+        );
     }
 }

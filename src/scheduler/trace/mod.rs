@@ -423,6 +423,13 @@ impl super::Shared {
 
     /// The supervisor found carrier `i` blocked in the OS.
     pub(super) fn trace_blocked(&self, i: usize, slot: &super::CarrierSlot) {
+        #[cfg(feature = "tracing")]
+        {
+            let at = slot.location.load(Ordering::Relaxed);
+            // SAFETY: `location` only ever holds `&'static Location` pointers, or null.
+            let at = unsafe { at.as_ref() }.map(|l| l.to_string()).unwrap_or_default();
+            tracing::warn!(target: "virtual_threads", carrier = i, at = %at, "a carrier is blocked in the OS");
+        }
         if self.trace.plain_on() {
             let at = slot.location.load(Ordering::Relaxed) as u64;
             self.trace.plain(Event::new(Kind::Blocked, i as u64, 0, at));
@@ -431,6 +438,8 @@ impl super::Shared {
 
     /// Carrier `i` was started (or a retired one woken) to make up for a blocked one.
     pub(super) fn trace_compensation(&self, i: usize, revived: bool) {
+        #[cfg(feature = "tracing")]
+        tracing::info!(target: "virtual_threads", carrier = i, revived, "compensating carrier");
         if self.trace.plain_on() {
             let mut e = Event::new(Kind::Compensate, i as u64, 0, 0);
             e.a = u8::from(revived);
