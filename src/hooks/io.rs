@@ -86,7 +86,9 @@ fn fail(err: c_int) -> isize {
 }
 
 /// A plain thread's blocking call on a descriptor the hooks made non-blocking: `poll(2)` on it
-/// between tries, within the socket's timeout.
+/// between tries, within the socket's timeout. Out of line, as `fiber_wait`: the hooks' common
+/// path (a call that passes through) then saves no registers for them.
+#[inline(never)]
 fn thread_wait(
     fd: c_int,
     flags: usize,
@@ -124,6 +126,7 @@ fn thread_wait(
 }
 
 /// A fiber's blocking call: parks on the reactor between tries.
+#[inline(never)]
 fn fiber_wait(
     fd: c_int,
     flags: usize,
