@@ -6,12 +6,25 @@ use super::*;
 impl Carrier {
     /// Makes a fiber of this runtime runnable from this carrier.
     pub(crate) fn schedule_local(&self, f: FiberRef, wake: Wake) {
-        let stats = &self.slot().stats;
         if !self.slot().trace.load(Ordering::Relaxed).is_null() {
-            // The record's address, not `&f`: a reference to the `FiberRef` would keep it in
-            // memory for the whole function.
-            self.trace_wake(FiberRef::as_ptr(&f), wake);
+            // A tail call: the untraced path keeps its registers (a call here made every wake
+            // save two more).
+            return self.schedule_traced(f, wake);
         }
+        self.schedule_untraced(f, wake);
+    }
+
+    /// `schedule_local` while a trace runs: the wake is recorded first.
+    #[cold]
+    #[inline(never)]
+    fn schedule_traced(&self, f: FiberRef, wake: Wake) {
+        self.trace_wake(FiberRef::as_ptr(&f), wake);
+        self.schedule_untraced(f, wake);
+    }
+
+    #[inline(always)]
+    fn schedule_untraced(&self, f: FiberRef, wake: Wake) {
+        let stats = &self.slot().stats;
         if wake != Wake::Timer {
             bump(&stats.unparks, 1);
         }
