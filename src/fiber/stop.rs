@@ -85,6 +85,14 @@ fn raise(stop: Stop) {
 #[cold]
 #[inline(never)]
 pub(crate) fn stop_point(rec: &FiberRecord) {
+    stop_point_inline(rec);
+}
+
+/// `stop_point`'s body, inlined into the park's out-of-line stop path (`park::park_stopping`):
+/// every frame between the stop and the catch costs the unwind two look-ups of its unwind
+/// table and a personality call, in each of its two phases.
+#[inline(always)]
+fn stop_point_inline(rec: &FiberRecord) {
     // Not during an unwind, nor while the runtime's drop unwinds this fiber (its waits are
     // spurious wake-ups then, `park::park_fiber`).
     if std::thread::panicking() || !context::cancelling().is_null() {
@@ -102,10 +110,9 @@ pub(crate) fn stop_point(rec: &FiberRecord) {
 /// A park of a fiber whose `stop` byte is not zero, before it parks: unwinds if a stop is due,
 /// else returns when the park must wake: at `deadline`, or earlier at the end of a `timeout`
 /// scope that may stop the fiber.
-#[cold]
-#[inline(never)]
+#[inline(always)]
 pub(crate) fn stop_point_before_park(rec: &FiberRecord, deadline: Option<Instant>) -> Option<Instant> {
-    stop_point(rec);
+    stop_point_inline(rec);
     if rec.stop.load(Ordering::Relaxed) & DEADLINE == 0 || !context::cancelling().is_null() {
         return deadline;
     }
