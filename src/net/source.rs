@@ -270,6 +270,10 @@ impl<S: AsFd> IoSource<S> {
             };
             match waited {
                 Wait::Ready => {}
+                // Or stopped where nothing can unwind (`Readiness::wait_because`).
+                Wait::TimedOut if crate::fiber::stop::due_without_unwinding() => {
+                    return Err(io::Error::new(io::ErrorKind::TimedOut, crate::fiber::stop::Cancelled));
+                }
                 Wait::TimedOut => return Err(sys::timed_out_error()),
                 Wait::Closed => return Err(closed_error()),
             }

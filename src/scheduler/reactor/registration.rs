@@ -233,7 +233,14 @@ impl Readiness {
     /// `wait`, with the reason a dump shows (the `hooks` feature names its own).
     pub(crate) fn wait_because(&self, dir: Direction, deadline: Option<Instant>, reason: WaitReason) -> Wait {
         let me = crate::fiber::handle::current();
+        // `vt::net`'s own waits return `io::Error`s, so a stop that cannot unwind (a build
+        // without unwinding) ends them as timed out; the hooks' waits stand for a C call whose
+        // caller may not expect an error, and wait on.
+        let stoppable = matches!(reason, WaitReason::NetRead | WaitReason::NetWrite);
         loop {
+            if stoppable && crate::fiber::stop::due_without_unwinding() {
+                return Wait::TimedOut;
+            }
             {
                 let mut w = self.lock();
                 // Acquire: see `snapshot`; the lock already orders this after `deliver`'s update.
