@@ -1,5 +1,5 @@
 //! A real blocking HTTP client, unchanged, on fibers: `ureq` (std's `TcpStream` underneath)
-//! requests from 100 fibers against a local HTTP/1.1 server that is itself plain `std::net`
+//! requests from 1,000 fibers against a local HTTP/1.1 server that is itself plain `std::net`
 //! code in fibers, on 2 carriers, with the library's `hooks` feature: every request succeeds
 //! and no compensating carrier is started (`arch/hooks.md`). Run:
 //! `cargo test -p vt-bench --features hooks --test hooks_ureq`.
@@ -12,8 +12,8 @@ use std::time::Duration;
 
 use virtual_threads as vt;
 
-const CLIENTS: usize = 100;
-const REQUESTS: usize = 20;
+const CLIENTS: usize = 1_000;
+const REQUESTS: usize = 5;
 
 /// Serves `GET /n` with a body of `n` bytes (a repeating pattern), one fiber per connection,
 /// each connection kept alive for as many requests as the client sends.
@@ -55,9 +55,9 @@ fn ureq_from_a_hundred_fibers_on_two_carriers() {
         .build()
         .unwrap();
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-    // std's backlog of 128 would overflow with 100 connects at once and more (SYN cookies).
+    // std's backlog of 128 would overflow with 1,000 connects at once (SYN cookies, resets).
     // SAFETY: a plain call on the listener's open descriptor.
-    assert_eq!(unsafe { libc::listen(listener.as_raw_fd(), 1024) }, 0);
+    assert_eq!(unsafe { libc::listen(listener.as_raw_fd(), 4096) }, 0);
     let addr = listener.local_addr().unwrap();
     let h = rt.handle();
     let _server = rt.spawn(move || serve(listener, h));
