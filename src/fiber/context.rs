@@ -56,6 +56,16 @@ thread_local! {
     static PLAIN: Cell<PlainThread> = const { Cell::new(PlainThread { id: 0, ids: (0, 0), shard: usize::MAX }) };
     /// In a child process forked from a fiber: that fiber (it runs as this plain thread now).
     static FORKED: Cell<*const FiberRecord> = const { Cell::new(ptr::null()) };
+    /// `ARMED_CARRIER` while `RUNNING` is set, `ARMED_CANCELLING` while `CANCELLING` is: zero on
+    /// every thread whose hooked calls cannot park (`hooks_armed`).
+    static ARMED: Cell<u8> = const { Cell::new(0) };
+}
+
+const ARMED_CARRIER: u8 = 1;
+const ARMED_CANCELLING: u8 = 2;
+
+fn set_armed(bit: u8, on: bool) {
+    ARMED.with(|cell| cell.set(if on { cell.get() | bit } else { cell.get() & !bit }));
 }
 
 #[derive(Clone, Copy)]
@@ -84,6 +94,7 @@ pub(crate) fn carrier() -> *const CarrierState {
 pub(crate) unsafe fn set_carrier(c: *const CarrierState, running: *const Running) {
     CARRIER.with(|cell| cell.set(c));
     RUNNING.with(|cell| cell.set(running));
+    set_armed(ARMED_CARRIER, !running.is_null());
 }
 
 /// Called in a child process right after `fork`, on its only thread (the forking one): if that
@@ -105,6 +116,7 @@ pub(crate) fn forget_carrier_after_fork() {
     FORKED.with(|cell| cell.set(unsafe { (*running).get() }));
     CARRIER.with(|cell| cell.set(ptr::null()));
     RUNNING.with(|cell| cell.set(ptr::null()));
+    set_armed(ARMED_CARRIER, false);
 }
 
 /// Whether `me` is the fiber that called `fork` in this (child) process.
@@ -121,6 +133,7 @@ pub(crate) fn cancelling() -> *const FiberRecord {
 
 pub(crate) fn set_cancelling(f: *const FiberRecord) {
     CANCELLING.with(|cell| cell.set(f));
+    set_armed(ARMED_CANCELLING, !f.is_null());
 }
 
 /// The fiber running on this thread right now, or null on a plain thread.
@@ -176,7 +189,21 @@ pub(crate) enum HookGate {
     Cancelling,
 }
 
-/// The `HookGate` of this thread now. Valid until the caller's next switch point.
+/// Whether a hooked call on this thread may do anything but pass through: false on every
+/// thread that is neither a carrier nor unwinding a fiber for a runtime's drop, where
+/// `hook_gate` can only say `Pass`. Inlined into each hook, unlike the other accessors (module
+/// doc): one byte of a const-initialised thread-local with no destructor (no lazy set-up),
+/// read once at a hook's entry before any switch point of that call, and set on every
+/// carrier alike, so a migrated fiber would read the same answer. `arch/hooks.md` ("Cost on a
+/// plain thread").
+#[cfg(all(feature = "hooks", not(loom)))]
+#[inline(always)]
+pub(crate) fn hooks_armed() -> bool {
+    ARMED.with(Cell::get) != 0
+}
+
+/// The `HookGate` of this thread now (`Pass` wherever `hooks_armed` is false). Valid until the
+/// caller's next switch point.
 #[cfg(all(feature = "hooks", not(loom)))]
 #[inline(never)]
 pub(crate) fn hook_gate() -> HookGate {

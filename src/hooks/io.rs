@@ -31,7 +31,10 @@ const AGAIN: TimeoutErr = TimeoutErr(libc::EAGAIN);
 
 /// Runs `call` (one system call on `fd`, returning -1 with `errno` on failure) as a blocking call
 /// of the user's: the module doc's loop. `dontwait`: the caller asked for a non-blocking call.
-#[inline]
+/// Inlined into each hook: a thread that is not a fiber (`Gate::Pass`) pays the gate's byte and
+/// the call through the resolved pointer, and reads the descriptor table only if the call
+/// failed (`arch/hooks.md`, "Cost on a plain thread").
+#[inline(always)]
 fn blocking(
     fd: c_int,
     dir: Direction,
@@ -39,25 +42,37 @@ fn blocking(
     t: TimeoutErr,
     mut call: impl FnMut() -> isize,
 ) -> isize {
-    if real::in_fork_child() || dontwait {
+    if dontwait {
         return call();
     }
-    match gate() {
-        Gate::Park => {
-            let f = fd::classify(fd);
-            if f & POLLABLE == 0 || f & USER_NONBLOCK != 0 {
-                return call();
-            }
-            fiber_wait(fd, f, dir, t, call)
+    if gate() == Gate::Park {
+        let f = fd::classify(fd);
+        if f & POLLABLE == 0 || f & USER_NONBLOCK != 0 {
+            return call();
         }
-        Gate::Pass | Gate::Cancelling => {
-            let f = fd::flags(fd);
-            if f & POLLABLE == 0 || f & USER_NONBLOCK != 0 {
-                return call();
-            }
-            thread_wait(fd, f, dir, t, call)
-        }
+        return fiber_wait(fd, f, dir, t, call);
     }
+    let r = call();
+    if r >= 0 { r } else { passed_failed(fd, dir, t, call) }
+}
+
+/// A passed-through call failed: if with `EAGAIN` on a descriptor the hooks made non-blocking
+/// under a user who left it blocking, the caller must still block (`thread_wait`); otherwise the
+/// failure is the caller's, `errno` untouched. Only here does a plain thread read the table: a
+/// descriptor of the user's blocking mode says `EAGAIN` only if the hooks switched it, or its
+/// socket timeout ran out (then the table says it was not switched).
+#[cold]
+#[inline(never)]
+fn passed_failed(fd: c_int, dir: Direction, t: TimeoutErr, call: impl FnMut() -> isize) -> isize {
+    // In a fork child the table is the parent's copy: the call is the caller's as it was.
+    if errno() != libc::EAGAIN || real::in_fork_child() {
+        return -1;
+    }
+    let f = fd::flags(fd);
+    if f & POLLABLE == 0 || f & USER_NONBLOCK != 0 {
+        return -1;
+    }
+    thread_wait(fd, f, dir, t, call)
 }
 
 /// The call's deadline from the socket's `SO_RCVTIMEO`/`SO_SNDTIMEO` (none for a pipe, or 0).
@@ -225,7 +240,7 @@ macro_rules! transfer {
             pub(super) unsafe extern "C" fn $name($fd: c_int $(, $a: $t)*) -> ssize_t {
                 let dontwait = false $(|| dontwait($flags))?;
                 // SAFETY: the caller's arguments, on every try.
-                blocking($fd, Direction::$dir, dontwait, AGAIN, || unsafe { real::$name($fd $(, $a)*) })
+                blocking($fd, Direction::$dir, dontwait, AGAIN, move || unsafe { real::$name($fd $(, $a)*) })
             }
         )*
     };
@@ -256,7 +271,8 @@ fn dontwait(flags: c_int) -> bool {
 #[unsafe(no_mangle)]
 pub(super) unsafe extern "C" fn accept(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t) -> c_int {
     // SAFETY: the caller's arguments, on every try.
-    blocking(fd, Direction::Read, false, AGAIN, || unsafe { real::accept(fd, addr, len) as isize }) as c_int
+    blocking(fd, Direction::Read, false, AGAIN, move || unsafe { real::accept(fd, addr, len) as isize })
+        as c_int
 }
 
 /// Interposes `accept4(2)` (std's `TcpListener::accept`).
@@ -271,8 +287,9 @@ pub(super) unsafe extern "C" fn accept4(
     flags: c_int,
 ) -> c_int {
     // SAFETY: the caller's arguments, on every try.
-    blocking(fd, Direction::Read, false, AGAIN, || unsafe { real::accept4(fd, addr, len, flags) as isize })
-        as c_int
+    blocking(fd, Direction::Read, false, AGAIN, move || unsafe {
+        real::accept4(fd, addr, len, flags) as isize
+    }) as c_int
 }
 
 /// Interposes `connect(2)`: on a blocking socket the hooks made non-blocking, the kernel's
@@ -283,14 +300,16 @@ pub(super) unsafe extern "C" fn accept4(
 /// As for `connect(2)`.
 #[unsafe(no_mangle)]
 pub(super) unsafe extern "C" fn connect(fd: c_int, addr: *const sockaddr, len: socklen_t) -> c_int {
-    let f = match gate() {
-        _ if real::in_fork_child() => 0,
-        Gate::Park => fd::classify(fd),
-        Gate::Pass | Gate::Cancelling => fd::flags(fd),
-    };
+    let fiber = gate() == Gate::Park;
+    let f = if fiber { fd::classify(fd) } else { 0 };
     // SAFETY: the caller's arguments.
     let r = unsafe { real::connect(fd, addr, len) };
-    if r == 0 || f & POLLABLE == 0 || f & USER_NONBLOCK != 0 || errno() != libc::EINPROGRESS {
+    if r == 0 || errno() != libc::EINPROGRESS {
+        return r;
+    }
+    // A passed-through call reads the table only now, as `passed_failed` does.
+    let f = if fiber || real::in_fork_child() { f } else { fd::flags(fd) };
+    if f & POLLABLE == 0 || f & USER_NONBLOCK != 0 {
         return r;
     }
     blocking(fd, Direction::Write, false, TimeoutErr(libc::EINPROGRESS), || connected(fd)) as c_int

@@ -27,13 +27,15 @@ mod sleep;
 mod table;
 
 #[cfg(not(loom))]
-use crate::fiber::context::{HookGate as Gate, hook_gate};
+use crate::fiber::context::{HookGate as Gate, hook_gate, hooks_armed};
 
-/// What a hooked call on this thread does (see the module doc).
+/// What a hooked call on this thread does (see the module doc). A plain thread's answer is one
+/// thread-local byte, inlined: the pass-through is the common case and its cost is the
+/// feature's cost to code that never uses a fiber (`arch/hooks.md`).
 #[cfg(not(loom))]
 #[inline(always)]
 fn gate() -> Gate {
-    if real::in_fork_child() { Gate::Pass } else { hook_gate() }
+    if !hooks_armed() || real::in_fork_child() { Gate::Pass } else { hook_gate() }
 }
 
 /// Runs the part of a hook that parks. An unwind out of it (the runtime's drop unwinding the

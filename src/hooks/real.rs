@@ -15,6 +15,10 @@ use std::sync::atomic::{AtomicBool, AtomicPtr, Ordering};
 pub(super) struct Real {
     ptr: AtomicPtr<c_void>,
     name: &'static CStr,
+    /// What a descriptor hook calls: a trampoline that resolves and calls (`real_fns!`) until
+    /// resolution finds the function, then the function itself. Never null where set, so the
+    /// call needs no check.
+    call: AtomicPtr<c_void>,
 }
 
 /// Stored when `dlsym` found nothing, so that the lookup is not repeated.
@@ -22,7 +26,18 @@ const MISSING: *mut c_void = usize::MAX as *mut c_void;
 
 impl Real {
     const fn new(name: &'static CStr) -> Real {
-        Real { ptr: AtomicPtr::new(std::ptr::null_mut()), name }
+        Real::with_trampoline(name, std::ptr::null_mut())
+    }
+
+    const fn with_trampoline(name: &'static CStr, first: *mut c_void) -> Real {
+        Real { ptr: AtomicPtr::new(std::ptr::null_mut()), name, call: AtomicPtr::new(first) }
+    }
+
+    /// The address a descriptor hook calls (`call`): one load.
+    #[inline(always)]
+    fn call_ptr(&self) -> *mut c_void {
+        // Relaxed: as in `get`; the trampoline and the function behave alike.
+        self.call.load(Ordering::Relaxed)
     }
 
     /// The function's address, or `None` where the process has no such dynamic symbol.
@@ -40,6 +55,9 @@ impl Real {
         // SAFETY: `name` is a NUL-terminated string; RTLD_NEXT asks for the definition after
         // this object's, which is libc's.
         let p = unsafe { libc::dlsym(libc::RTLD_NEXT, self.name.as_ptr()) };
+        if !p.is_null() {
+            self.call.store(p, Ordering::Relaxed);
+        }
         let p = if p.is_null() { MISSING } else { p };
         self.ptr.store(p, Ordering::Relaxed);
         p
@@ -57,30 +75,44 @@ const ALL: [&Real; 3] = [&NANOSLEEP, &CLOCK_NANOSLEEP, &SYSCALL];
 macro_rules! real_fns {
     ($($stat:ident $name:ident($($a:ident: $t:ty),*) -> $r:ty => $fallback:expr;)*) => {
         $(
-            pub(super) static $stat: Real = Real::new(match CStr::from_bytes_with_nul(
+            pub(super) static $stat: Real = Real::with_trampoline(match CStr::from_bytes_with_nul(
                 concat!(stringify!($name), "\0").as_bytes(),
             ) {
                 Ok(c) => c,
                 Err(_) => panic!("a function name has no NUL inside"),
+            }, {
+                /// The call before resolution (a hook called before the constructor), and every
+                /// call in a static binary: resolves, then calls what it found or makes the one
+                /// system call itself.
+                #[cold]
+                unsafe extern "C" fn first($($a: $t),*) -> $r {
+                    match $stat.get() {
+                        Some(f) => {
+                            // SAFETY: as in the caller below.
+                            let f: unsafe extern "C" fn($($t),*) -> $r = unsafe { std::mem::transmute(f) };
+                            // SAFETY: the caller vouches for the arguments.
+                            unsafe { f($($a),*) }
+                        }
+                        // SAFETY: the caller vouches for the arguments of that one system call.
+                        None => errno_result(unsafe { $fallback }) as $r,
+                    }
+                }
+                first as *mut c_void
             });
 
-            /// The real function of this name.
+            /// The real function of this name. Inlined into each hook: one relaxed load of
+            /// the function's address and an indirect call (`Real::call_ptr`).
             ///
             /// # Safety
             /// As for the C library's function of this name.
+            #[inline(always)]
             pub(super) unsafe fn $name($($a: $t),*) -> $r {
-                match $stat.get() {
-                    Some(f) => {
-                        // SAFETY: `f` is the C library's function of this name, of this
-                        // signature (variadic ones take their one integer argument as named
-                        // ones do on the targets this crate builds for, `arch/hooks.md`).
-                        let f: unsafe extern "C" fn($($t),*) -> $r = unsafe { std::mem::transmute(f) };
-                        // SAFETY: the caller vouches for the arguments.
-                        unsafe { f($($a),*) }
-                    }
-                    // SAFETY: the caller vouches for the arguments of that one system call.
-                    None => errno_result(unsafe { $fallback }) as $r,
-                }
+                let p = $stat.call_ptr();
+                // SAFETY: `p` is this static's trampoline or the C library's function of this
+                // name, both of this signature (variadic ones: as named ones, `arch/hooks.md`).
+                let f: unsafe extern "C" fn($($t),*) -> $r = unsafe { std::mem::transmute(p) };
+                // SAFETY: the caller vouches for the arguments.
+                unsafe { f($($a),*) }
             }
         )*
         const DESCRIPTORS: &[&Real] = &[$(&$stat),*];
