@@ -534,7 +534,9 @@ fn vt_dump_on_sigquit_turns_the_default_runtimes_dump_on() {
 }
 
 /// Runs `test` as `case` in a child with `envs`, waits for it to print "ready", sends it SIGQUIT
-/// and returns its stderr once it shows a fiber parked on a channel (or after 30 s).
+/// and returns its stderr once it holds a whole line about a fiber parked on a channel (or what
+/// came before the child's exit, or after 60 s). The whole line: stderr is unbuffered, so the
+/// dump arrives in many writes, and "spawned at" follows the state in a later one.
 fn dump_on_sigquit_of_child(test: &str, case: &str, envs: &[(&str, &str)]) -> String {
     let mut child = common::rerun_self(test, CHILD, case)
         .envs(envs.iter().copied())
@@ -552,21 +554,25 @@ fn dump_on_sigquit_of_child(test: &str, case: &str, envs: &[(&str, &str)]) -> St
     // SAFETY: kill(2) on our own child's pid.
     assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGQUIT) }, 0);
     let mut err = child.stderr.take().unwrap();
+    let (done_tx, done_rx) = std::sync::mpsc::channel();
     let reader = std::thread::spawn(move || {
         let mut text = Vec::new();
         let mut buf = [0u8; 4096];
-        while !String::from_utf8_lossy(&text).contains("parked on channel receive") {
+        let whole_line = |text: &[u8]| {
+            let text = String::from_utf8_lossy(text);
+            text.find("parked on channel receive").is_some_and(|at| text[at..].contains('\n'))
+        };
+        while !whole_line(&text) {
             match err.read(&mut buf) {
                 Ok(0) | Err(_) => break,
                 Ok(n) => text.extend_from_slice(&buf[..n]),
             }
         }
+        let _ = done_tx.send(());
         String::from_utf8_lossy(&text).into_owned()
     });
-    let start = Instant::now();
-    while !reader.is_finished() && start.elapsed() < Duration::from_secs(30) {
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    // Killing the child ends a read that waits for more (EOF), whatever came by then.
+    let _ = done_rx.recv_timeout(Duration::from_secs(60));
     let _ = child.kill();
     let _ = child.wait();
     reader.join().unwrap()
