@@ -364,9 +364,9 @@ fn cpu_starvation_is_warned_once_per_location() {
 /// while the other carrier runs its children). No warning then, and no spare carrier: the
 /// warning and the compensation follow the same rule. On a loaded host the OS may keep the
 /// other carrier's thread off every CPU for longer than the supervisor waits for a steal: no
-/// steal in 5 samples means a fiber queued for 4 of them, and then the queued fibers do
-/// starve and a warning is right. So each child measures how long it was queued, and the
-/// strict claim holds whenever none waited 4 samples.
+/// steal in 5 samples means a fiber queued for 4 intervals (3 if a stale unpark cut one
+/// short), and then the queued fibers do starve and a warning is right. So each child
+/// measures how long it was queued, and the strict claim holds whenever none waited 30 ms.
 #[test]
 fn a_long_fiber_whose_queue_another_carrier_drains_is_not_reported() {
     const EVERY: Duration = Duration::from_millis(10);
@@ -402,7 +402,7 @@ fn a_long_fiber_whose_queue_another_carrier_drains_is_not_reported() {
         assert!(done.load(Ordering::Acquire) > 64, "the other carrier ran the children");
         assert!(spawned > 64);
         let longest = Duration::from_micros(longest_us.load(Ordering::Relaxed) as u64);
-        let drained = longest < 4 * EVERY;
+        let drained = longest < 3 * EVERY;
         println!("longest queued {} ms, drained: {drained}", longest.as_millis());
         if drained {
             assert_eq!(
