@@ -362,13 +362,24 @@ fn cpu_starvation_is_warned_once_per_location() {
 /// A fiber that runs for long without a switch starves nobody while other carriers take what
 /// is queued behind it (the fork_join example's root: it spawns and joins for the whole run
 /// while the other carrier runs its children). No warning then, and no spare carrier: the
-/// warning and the compensation follow the same rule.
+/// warning and the compensation follow the same rule. On a loaded host the OS may keep the
+/// other carrier's thread off every CPU for longer than the supervisor waits for a steal: no
+/// steal in 5 samples means a fiber queued for 4 intervals (3 if a stale unpark cut one
+/// short), and then the queued fibers do starve and a warning is right. So each child
+/// measures how long it was queued, and the strict claim holds whenever none waited 30 ms.
 #[test]
 fn a_long_fiber_whose_queue_another_carrier_drains_is_not_reported() {
+    const EVERY: Duration = Duration::from_millis(10);
     if std::env::var(CHILD).as_deref() == Ok("drained") {
-        let rt = vt::Runtime::builder().carriers(2).deadlock_report(None).build().unwrap();
+        let rt = vt::Runtime::builder()
+            .carriers(2)
+            .supervisor_interval(EVERY)
+            .deadlock_report(None)
+            .build()
+            .unwrap();
         let done = Arc::new(AtomicUsize::new(0));
-        let d = done.clone();
+        let longest_us = Arc::new(AtomicUsize::new(0));
+        let (d, l) = (done.clone(), longest_us.clone());
         let spawned = rt.block_on(move || {
             let start = Instant::now();
             let mut spawned = 0;
@@ -376,8 +387,11 @@ fn a_long_fiber_whose_queue_another_carrier_drains_is_not_reported() {
             // queued, which only the other carrier can run.
             while start.elapsed() < Duration::from_millis(400) {
                 if spawned - d.load(Ordering::Acquire) < 64 {
-                    let d = d.clone();
-                    drop(vt::spawn(move || d.fetch_add(1, Ordering::Release)));
+                    let (d, l, queued) = (d.clone(), l.clone(), Instant::now());
+                    drop(vt::spawn(move || {
+                        l.fetch_max(queued.elapsed().as_micros() as usize, Ordering::Relaxed);
+                        d.fetch_add(1, Ordering::Release)
+                    }));
                     spawned += 1;
                 } else {
                     std::hint::spin_loop();
@@ -387,18 +401,34 @@ fn a_long_fiber_whose_queue_another_carrier_drains_is_not_reported() {
         });
         assert!(done.load(Ordering::Acquire) > 64, "the other carrier ran the children");
         assert!(spawned > 64);
-        assert_eq!(
-            rt.metrics().compensations,
-            0,
-            "no spare carrier for a queue that drains: {}",
-            rt.metrics()
-        );
+        let longest = Duration::from_micros(longest_us.load(Ordering::Relaxed) as u64);
+        let drained = longest < 3 * EVERY;
+        println!("longest queued {} ms, drained: {drained}", longest.as_millis());
+        if drained {
+            assert_eq!(
+                rt.metrics().compensations,
+                0,
+                "no spare carrier for a queue that drains: {}",
+                rt.metrics()
+            );
+        }
         return;
     }
-    let (code, _, stderr) =
-        run_child("a_long_fiber_whose_queue_another_carrier_drains_is_not_reported", "drained");
-    assert_eq!(code, Some(0), "stderr: {stderr}");
-    assert!(!stderr.contains("CPU starvation"), "stderr: {stderr}");
+    let out = common::rerun_self(
+        "a_long_fiber_whose_queue_another_carrier_drains_is_not_reported",
+        CHILD,
+        "drained",
+    )
+    .env("VT_DEADLOCK_ABORT", "1")
+    .output()
+    .expect("re-exec the test binary");
+    let (stdout, stderr) = common::child_output(&out, "longest queued");
+    if stdout.contains("drained: true") {
+        assert!(!stderr.contains("CPU starvation"), "stdout: {stdout}\nstderr: {stderr}");
+    } else {
+        // Held off by the host: a warning is due, once.
+        assert!(stderr.matches("CPU starvation").count() <= 1, "stdout: {stdout}\nstderr: {stderr}");
+    }
 }
 
 /// std's panic hook names the thread, which inside a fiber is its carrier: the runtime's hook
@@ -534,7 +564,9 @@ fn vt_dump_on_sigquit_turns_the_default_runtimes_dump_on() {
 }
 
 /// Runs `test` as `case` in a child with `envs`, waits for it to print "ready", sends it SIGQUIT
-/// and returns its stderr once it shows a fiber parked on a channel (or after 30 s).
+/// and returns its stderr once it holds a whole line about a fiber parked on a channel (or what
+/// came before the child's exit, or after 60 s). The whole line: stderr is unbuffered, so the
+/// dump arrives in many writes, and "spawned at" follows the state in a later one.
 fn dump_on_sigquit_of_child(test: &str, case: &str, envs: &[(&str, &str)]) -> String {
     let mut child = common::rerun_self(test, CHILD, case)
         .envs(envs.iter().copied())
@@ -552,21 +584,25 @@ fn dump_on_sigquit_of_child(test: &str, case: &str, envs: &[(&str, &str)]) -> St
     // SAFETY: kill(2) on our own child's pid.
     assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGQUIT) }, 0);
     let mut err = child.stderr.take().unwrap();
+    let (done_tx, done_rx) = std::sync::mpsc::channel();
     let reader = std::thread::spawn(move || {
         let mut text = Vec::new();
         let mut buf = [0u8; 4096];
-        while !String::from_utf8_lossy(&text).contains("parked on channel receive") {
+        let whole_line = |text: &[u8]| {
+            let text = String::from_utf8_lossy(text);
+            text.find("parked on channel receive").is_some_and(|at| text[at..].contains('\n'))
+        };
+        while !whole_line(&text) {
             match err.read(&mut buf) {
                 Ok(0) | Err(_) => break,
                 Ok(n) => text.extend_from_slice(&buf[..n]),
             }
         }
+        let _ = done_tx.send(());
         String::from_utf8_lossy(&text).into_owned()
     });
-    let start = Instant::now();
-    while !reader.is_finished() && start.elapsed() < Duration::from_secs(30) {
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    // Killing the child ends a read that waits for more (EOF), whatever came by then.
+    let _ = done_rx.recv_timeout(Duration::from_secs(60));
     let _ = child.kill();
     let _ = child.wait();
     reader.join().unwrap()

@@ -603,14 +603,17 @@ fn queued_fibers_that_cannot_get_a_stack_fail_their_join_and_say_so() {
             })
         };
         spinning_rx.recv().unwrap();
-        let (_never_tx, never) = channel::bounded::<()>(0);
+        let (never_tx, never) = channel::bounded::<()>(0);
+        let (started, finished) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
         let mut joined = Vec::new();
         for i in 0..200 {
-            let never = never.clone();
+            let (never, started, finished) = (never.clone(), started.clone(), finished.clone());
             let h = vt::Builder::new()
                 .stack_size(STACK)
                 .spawn_on(&h, move || {
+                    started.fetch_add(1, SeqCst);
                     let _ = never.recv();
+                    finished.fetch_add(1, SeqCst);
                 })
                 .expect("a stack is pooled: the spawn is Ok");
             if i >= 190 {
@@ -622,7 +625,32 @@ fn queued_fibers_that_cannot_get_a_stack_fail_their_join_and_say_so() {
         for h in joined {
             println!("join: {}", message(&*h.join().unwrap_err()));
         }
+        // The class is exhausted and no stack has come back: a spawn, from a thread or from a
+        // fiber on the carrier, says so instead of queueing a fiber that cannot start.
+        for _ in 0..2 {
+            match vt::Builder::new().stack_size(STACK).spawn_on(&h, || ()) {
+                Ok(_) => panic!("a spawn on an exhausted class returned Ok"),
+                Err(e) => println!("spawn: {e}"),
+            }
+        }
+        let inside = rt.block_on(|| vt::Builder::new().stack_size(STACK).spawn(|| ()).map(drop));
+        println!("spawn: {}", inside.expect_err("a spawn on an exhausted class returned Ok"));
         assert_eq!(rt.block_on(|| vt::spawn(|| 7).join().unwrap()), 7, "the runtime goes on");
+        // The fibers that got stacks finish and give them back: spawns succeed and run again.
+        let got = started.load(SeqCst);
+        assert!(got > 0 && got < 200, "{got} of 200 fibers started");
+        drop((never_tx, never));
+        eventually("the fibers that started finish", || finished.load(SeqCst) == got);
+        // One carrier: once it runs this fiber, the finished ones have given their stacks back.
+        rt.block_on(|| ());
+        let ran = vt::Builder::new().stack_size(STACK).spawn_on(&h, || 8).expect("stacks came back");
+        assert_eq!(ran.join().unwrap(), 8);
+        // A class that never got a stack (its first arena does not fit) is refused until the
+        // limit is raised, and then runs at once: nothing remembers the failure.
+        let big = || vt::Builder::new().stack_size(2 * STACK).spawn_on(&h, || 9);
+        assert!(big().unwrap_err().to_string().contains("ulimit -v"));
+        set_limit(libc::RLIMIT_AS, u64::MAX);
+        assert_eq!(big().expect("the limit was raised").join().unwrap(), 9);
         println!("child: ok");
         return;
     }
@@ -634,6 +662,9 @@ fn queued_fibers_that_cannot_get_a_stack_fail_their_join_and_say_so() {
     let said: Vec<&str> = stderr.lines().filter(|l| l.contains("could not start")).collect();
     assert_eq!(said.len(), 1, "said once for the spawn site: {stderr}");
     assert!(said[0].contains("tests/faults.rs") && said[0].contains("ulimit -v"), "{}", said[0]);
+    let spawns: Vec<&str> = stdout.lines().filter(|l| l.starts_with("spawn: ")).collect();
+    assert_eq!(spawns.len(), 3, "{stdout}");
+    assert!(spawns.iter().all(|l| l.contains("ulimit -v")), "a spawn's error names the limit: {stdout}");
 }
 
 #[test]

@@ -218,24 +218,30 @@ fn a_pool_of_short_blocking_jobs_runs_them_about_as_concurrently_as_threads() {
     // `ThreadPool::new(128)` running 1280 jobs of 10 ms of OS blocking, beside 128 threads:
     // each worker fiber runs job after job without a switch, so the pool needs ~128 carriers,
     // and soon. Adding `target` carriers per detection took ~5x the threads' time; growing
-    // geometrically while the evidence lasts takes ~2x.
+    // geometrically while the evidence lasts takes ~2x. A loaded host slows both sides, but not
+    // evenly over time: the threads run just before and just after the pool, and the pool is
+    // compared with the slower of the two; a burst of load in one try gets two more.
     let block = Duration::from_millis(10);
-    let threads = std_threads_run(128, 1280, block);
-    let rt = vt::Runtime::builder().carriers(2).build().unwrap();
-    let took = rt.block_on(move || {
-        let pool = vt::ThreadPool::new(128);
-        let t = Instant::now();
-        for _ in 0..1280 {
-            pool.execute(move || block_carrier(block));
+    let mut tries = Vec::new();
+    for _ in 0..3 {
+        let before = std_threads_run(128, 1280, block);
+        let rt = vt::Runtime::builder().carriers(2).build().unwrap();
+        let took = rt.block_on(move || {
+            let pool = vt::ThreadPool::new(128);
+            let t = Instant::now();
+            for _ in 0..1280 {
+                pool.execute(move || block_carrier(block));
+            }
+            pool.join();
+            t.elapsed()
+        });
+        let threads = before.max(std_threads_run(128, 1280, block));
+        if took < threads * 7 / 2 {
+            return;
         }
-        pool.join();
-        t.elapsed()
-    });
-    assert!(
-        took < threads * 7 / 2,
-        "1280 jobs × 10 ms on ThreadPool::new(128) took {took:?}, on 128 threads {threads:?}\n{}",
-        rt.metrics()
-    );
+        tries.push(format!("pool {took:?}, threads {threads:?}: {}", rt.metrics()));
+    }
+    panic!("1280 jobs × 10 ms on ThreadPool::new(128) vs on 128 threads, 3 tries:\n{}", tries.join("\n"));
 }
 
 #[test]

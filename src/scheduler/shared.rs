@@ -54,8 +54,9 @@ pub(crate) struct CarrierSlot {
     pub(super) thread: OnceLock<Thread>,
     /// Bumped by the carrier at every fiber switch (single writer); the supervisor samples it.
     pub(super) progress: AtomicU64,
-    /// The carrier's trace ring while a trace runs, else null: the one load each trace hook
-    /// makes, next to a line the switch writes anyway (`trace/`).
+    /// The carrier's trace ring while a trace runs, else null: the one load the wake and spawn
+    /// hooks make, next to a line the switch writes anyway (`trace/`). The switch tests
+    /// `TRACING` in `flags` instead.
     pub(super) trace: AtomicPtr<super::trace::Ring>,
     /// The carrier sleeps (or is about to) in `epoll_wait` on its poll set: waking it takes
     /// the set's eventfd. Raised by every idle carrier, and by a retired spare.
@@ -66,8 +67,8 @@ pub(crate) struct CarrierSlot {
     /// Location of the fiber running now (its spawn site, or its `blocking` call site), or null
     /// between fibers. Written by the carrier at every switch; sampled by the supervisor.
     pub(super) location: AtomicPtr<Location<'static>>,
-    /// `IN_BLOCKING` and `CAUGHT`, in one word so that a switch out tests both with one load
-    /// (`Carrier::switched_out`; both are rare).
+    /// `IN_BLOCKING`, `CAUGHT` and `TRACING`, in one word so that a switch out tests all three
+    /// with one load (`Carrier::switched_out`; all are rare).
     pub(super) flags: AtomicU8,
     /// The carrier thread's kernel id, for `/proc/self/task/<tid>/stat`.
     pub(super) tid: AtomicI32,
@@ -89,6 +90,9 @@ pub(super) const IN_BLOCKING: u8 = 1;
 /// `CarrierSlot::flags`: set by the supervisor when it catches this carrier blocked; the
 /// carrier records the location in its map when the fiber switches out, and clears it.
 pub(super) const CAUGHT: u8 = 2;
+/// `CarrierSlot::flags`: a trace runs (`trace` is set): the switch out records the slice in
+/// its cold path, so a switch pays nothing more for the trace while none runs (ADR 0013).
+pub(super) const TRACING: u8 = 4;
 
 impl CarrierSlot {
     pub(super) fn in_blocking(&self, order: Ordering) -> bool {
@@ -97,7 +101,7 @@ impl CarrierSlot {
 
     /// Blocked in the OS, by its own count or the supervisor's catch.
     pub(super) fn held(&self) -> bool {
-        self.flags.load(Ordering::Relaxed) != 0
+        self.flags.load(Ordering::Relaxed) & (IN_BLOCKING | CAUGHT) != 0
     }
 
     /// The supervisor caught the carrier blocked (see `CAUGHT`).
@@ -112,6 +116,17 @@ impl CarrierSlot {
         // SAFETY: a non-null pointer is a ring the recorder keeps until the runtime's state
         // (which holds this slot) is dropped (`Recorder::start`, `attach`).
         (!p.is_null()).then(|| unsafe { &*p })
+    }
+
+    /// Points the carrier at its trace ring (`Recorder::start`, `attach`), or at none (`stop`).
+    /// The ring before the bit: the switch's cold path reads the ring once it sees the bit.
+    pub(super) fn set_trace(&self, ring: *mut super::trace::Ring) {
+        self.trace.store(ring, Ordering::Release);
+        if ring.is_null() {
+            self.flags.fetch_and(!TRACING, Ordering::Release);
+        } else {
+            self.flags.fetch_or(TRACING, Ordering::Release);
+        }
     }
 
     pub(super) fn new(stealer: run_queue::Remote<FiberRef>) -> CarrierSlot {

@@ -139,10 +139,11 @@ pub(crate) struct Carrier {
     current: Running,
     progress: Cell<u64>,
     last_poll: Cell<Instant>,
-    /// While a trace runs: when the running fiber's slice started (0: no slice noted), and
-    /// `progress` then (`traced.rs`).
-    slice_start: Cell<u64>,
-    slice_resumes: Cell<u64>,
+    /// While a trace runs, the mark: when the last slice here ended (or an idle wait, a search
+    /// that found work, a wake between slices), the next slice's start, and `progress` then
+    /// (`traced.rs`).
+    trace_mark: Cell<u64>,
+    trace_mark_progress: Cell<u64>,
 }
 
 impl Carrier {
@@ -177,12 +178,13 @@ impl Carrier {
             current: Running::new(),
             progress: Cell::new(0),
             last_poll: Cell::new(Instant::now()),
-            slice_start: Cell::new(0),
-            slice_resumes: Cell::new(0),
+            trace_mark: Cell::new(0),
+            trace_mark_progress: Cell::new(0),
             rt,
         };
         c.rt.trace_attach(index);
         if let Some(ring) = c.slot().tracing() {
+            c.trace_mark_now();
             let mut e = Event::new(Kind::CarrierStart, 0, 0, 0);
             e.a = u8::from(c.is_spare);
             ring.push(e);
@@ -274,7 +276,7 @@ impl Carrier {
                 self.retire();
                 continue;
             }
-            let Some(f) = self.next_local().or_else(|| self.search()) else {
+            let Some(f) = self.next_local().or_else(|| self.search_noted()) else {
                 if self.is_spare && self.rt.try_retire(self.index) {
                     self.retire();
                 } else {

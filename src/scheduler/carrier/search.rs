@@ -392,6 +392,7 @@ impl Carrier {
             bump(&slot.stats.idle_ns, idle_ns);
             if let Some(ring) = slot.tracing() {
                 ring.push(Event::new(Kind::Idle, idle_ns, 0, 0));
+                self.trace_mark_now();
             }
             self.rt.refresh_clock_after_idle(woke);
         }

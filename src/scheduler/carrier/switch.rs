@@ -3,7 +3,7 @@
 
 use super::caches::take_finished;
 use super::*;
-use crate::scheduler::shared::{CAUGHT, IN_BLOCKING};
+use crate::scheduler::shared::{CAUGHT, IN_BLOCKING, TRACING};
 
 impl Carrier {
     /// Runs `f`, and then, as long as each fiber yields straight to the next (`yield_at_home`),
@@ -123,10 +123,6 @@ impl Carrier {
         if let Some(now) = self.rt.clock.stamp() {
             f.since.store(now, Ordering::Relaxed);
         }
-        // A trace runs: note the slice's start (`traced.rs`).
-        if !slot.trace.load(Ordering::Relaxed).is_null() {
-            self.trace_begin();
-        }
         // The fiber body catches every panic itself; one escaping a resume is a runtime bug,
         // and unwinding on could drop a half-switched fiber's record. A guard rather than
         // `catch_unwind`: that costs a call and register spills around every resume, the guard
@@ -155,10 +151,7 @@ impl Carrier {
             // An unpark came while it was switching out: run it again at once.
         };
         std::mem::forget(abort);
-        self.switched_out();
-        if self.slice_start.get() != 0 {
-            self.trace_slice(FiberRef::as_ptr(&f), after);
-        }
+        self.switched_out(&f, after);
         match after {
             Suspend::Yield => {
                 // No stamp: a yielded fiber's `since` stays when its run began, so a dump counts
@@ -246,21 +239,31 @@ impl Carrier {
         Ok(())
     }
 
-    /// Bookkeeping when a fiber leaves this carrier: the supervisor's view and blocking state.
-    /// Caught and blocking are rare and share one word: one load tests both.
-    pub(super) fn switched_out(&self) {
+    /// Bookkeeping when fiber `f` leaves this carrier: the supervisor's view, blocking state and
+    /// the trace. Caught, blocking and tracing are rare and share one word: one load tests all
+    /// three, so the trace's only hook on the switch costs nothing while no trace runs.
+    pub(super) fn switched_out(&self, f: &FiberRef, after: Suspend) {
         let slot = self.slot();
         if slot.flags.load(Ordering::Relaxed) != 0 {
-            return self.switched_out_held();
+            return self.switched_out_flagged(f, after);
         }
         slot.location.store(std::ptr::null_mut(), Ordering::Release);
     }
 
-    /// `switched_out` when the carrier was caught blocked or is in a blocking section.
+    /// `switched_out` when a trace runs, the carrier was caught blocked or is in a blocking
+    /// section.
     #[cold]
     #[inline(never)]
-    fn switched_out_held(&self) {
+    fn switched_out_flagged(&self, f: &FiberRef, after: Suspend) {
         let slot = self.slot();
+        let flags = slot.flags.load(Ordering::Relaxed);
+        if flags & TRACING != 0 {
+            self.trace_slice(f, after);
+        }
+        if flags & (IN_BLOCKING | CAUGHT) == 0 {
+            slot.location.store(std::ptr::null_mut(), Ordering::Release);
+            return;
+        }
         // This carrier is the only writer of `location`: a load and a store, not a swap.
         let loc = slot.location.load(Ordering::Relaxed);
         slot.location.store(std::ptr::null_mut(), Ordering::Release);

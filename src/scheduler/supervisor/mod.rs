@@ -73,10 +73,12 @@ struct Watch {
     /// row it held fibers and nobody took one.
     taken: usize,
     untaken: u32,
-    /// For the "blocked" report: the progress count it watches, and for how many samples in a
-    /// row the carrier ran one fiber without a switch, declared blocking sections included.
+    /// For the "blocked" report: the progress count it watches, and since when (the sample
+    /// that saw it change) the carrier has run one fiber without a switch, declared blocking
+    /// sections included. A time, not a count of samples: on a loaded host the supervisor's
+    /// ticks stretch, and 100 samples took up to 1.6 s instead of 1 s.
     report_progress: u64,
-    same: u32,
+    same_since: Option<Instant>,
     /// The carrier's own polls of its epoll set at the last tick (`Reactor::owner_polls`).
     owner_polls: u64,
     /// The off-CPU rule's view of this carrier (`OffCpu`).

@@ -77,18 +77,16 @@ pub(super) fn report_blocked(rt: &Shared, i: usize, w: &mut Watch, reported: &mu
     let slot = &rt.slots[i];
     let loc = slot.location.load(Ordering::Acquire);
     let progress = slot.progress.load(Ordering::Relaxed);
-    if loc.is_null() || progress != w.report_progress {
+    if loc.is_null() || progress != w.report_progress || w.same_since.is_none() {
         w.report_progress = progress;
-        w.same = 0;
+        w.same_since = Some(Instant::now());
         return;
     }
-    w.same += 1;
-    let every = rt.config.supervisor_interval.max(Duration::from_micros(1));
-    let samples = REPORT_BLOCKED_AFTER.as_nanos().div_ceil(every.as_nanos()).max(1);
+    let blocked_for = w.same_since.map_or(Duration::ZERO, |since| since.elapsed());
     // From then on at every sample until said: one look at the thread's state could catch it
     // between two of its sleeps (a wait during an unwind sleeps 1 ms at a time), or runnable on
     // a loaded machine, and the report then never came (2 of 4 runs).
-    if u128::from(w.same) < samples || reported.contains(&(loc as usize)) {
+    if blocked_for < REPORT_BLOCKED_AFTER || reported.contains(&(loc as usize)) {
         return;
     }
     let waiting = home_waiting(rt, i);
@@ -99,7 +97,7 @@ pub(super) fn report_blocked(rt: &Shared, i: usize, w: &mut Watch, reported: &mu
         thread_stat(slot.tid.load(Ordering::Relaxed)).is_some_and(|s| matches!(s.state, b'S' | b'D'));
     if in_kernel {
         reported.insert(loc as usize);
-        crate::scheduler::diagnostics::report_blocked(rt, i, every * w.same, waiting);
+        crate::scheduler::diagnostics::report_blocked(rt, i, blocked_for, waiting);
     }
 }
 

@@ -16,11 +16,11 @@ use std::io;
 use std::mem::MaybeUninit;
 use std::panic::Location;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread;
 
-use super::CachePadded;
+use super::{CachePadded, CarrierSlot};
 
 mod writer;
 
@@ -128,6 +128,9 @@ pub(crate) struct Ring {
     head: CachePadded<(AtomicUsize, AtomicUsize, AtomicU64)>,
     tail: CachePadded<AtomicUsize>,
     buf: Box<[UnsafeCell<MaybeUninit<Event>>]>,
+    /// The running trace's zero (`now()` at its start), written before the ring is published
+    /// to its carrier: a slice that began earlier is drawn from here (`Carrier::trace_slice`).
+    pub(crate) zero: AtomicU64,
 }
 
 // SAFETY: a slot of `buf` is written only by the one producer while it is outside
@@ -143,6 +146,7 @@ impl Ring {
             head: CachePadded((AtomicUsize::new(0), AtomicUsize::new(0), AtomicU64::new(0))),
             tail: CachePadded(AtomicUsize::new(0)),
             buf: (0..RING).map(|_| UnsafeCell::new(MaybeUninit::uninit())).collect(),
+            zero: AtomicU64::new(0),
         }
     }
 
@@ -217,6 +221,8 @@ struct Inner {
     plain: Mutex<Vec<Event>>,
     plain_drops: AtomicU64,
     stop: AtomicBool,
+    /// The running trace's zero, for a carrier that attaches while it runs.
+    zero: AtomicU64,
 }
 
 struct Active {
@@ -227,11 +233,7 @@ struct Active {
 impl Recorder {
     /// Starts a trace into `path`; `slots` are the carriers started so far, whose ring pointers
     /// it sets (a carrier started later asks `attach`).
-    pub(crate) fn start(
-        &self,
-        path: &Path,
-        slots: &mut dyn Iterator<Item = &AtomicPtr<Ring>>,
-    ) -> io::Result<()> {
+    pub(crate) fn start(&self, path: &Path, slots: &mut dyn Iterator<Item = &CarrierSlot>) -> io::Result<()> {
         let mut active = self.active.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(a) = active.as_ref() {
             return Err(io::Error::new(
@@ -247,13 +249,15 @@ impl Recorder {
         self.inner.plain_drops.store(0, Ordering::Relaxed);
         // The trace's zero, before any carrier can record: no event is stamped earlier.
         let started = (std::time::Instant::now(), now());
+        self.inner.zero.store(started.1, Ordering::Relaxed);
         let mut rings = self.inner.rings.lock().unwrap_or_else(|e| e.into_inner());
         let mut first_drops = Vec::new();
         for (i, slot) in slots.enumerate() {
             let ring = ring_for(&mut rings, i);
             ring.skip_all();
             first_drops.push(ring.drops());
-            slot.store(Arc::as_ptr(ring).cast_mut(), Ordering::Release);
+            ring.zero.store(started.1, Ordering::Relaxed);
+            slot.set_trace(Arc::as_ptr(ring).cast_mut());
         }
         drop(rings);
         self.inner.on.store(true, Ordering::Release);
@@ -273,14 +277,15 @@ impl Recorder {
     }
 
     /// A carrier that starts while a trace runs records into it too.
-    pub(crate) fn attach(&self, i: usize, slot: &AtomicPtr<Ring>) {
+    pub(crate) fn attach(&self, i: usize, slot: &CarrierSlot) {
         let active = self.active.lock().unwrap_or_else(|e| e.into_inner());
         if active.is_none() {
             return;
         }
         let mut rings = self.inner.rings.lock().unwrap_or_else(|e| e.into_inner());
         let ring = ring_for(&mut rings, i);
-        slot.store(Arc::as_ptr(ring).cast_mut(), Ordering::Release);
+        ring.zero.store(self.inner.zero.load(Ordering::Relaxed), Ordering::Relaxed);
+        slot.set_trace(Arc::as_ptr(ring).cast_mut());
     }
 
     fn detach_all(&self) {
@@ -292,12 +297,12 @@ impl Recorder {
     /// JSON and reports. `None` when no trace runs.
     pub(crate) fn stop(
         &self,
-        slots: &mut dyn Iterator<Item = &AtomicPtr<Ring>>,
+        slots: &mut dyn Iterator<Item = &CarrierSlot>,
     ) -> Option<io::Result<TraceSummary>> {
         let mut active = self.active.lock().unwrap_or_else(|e| e.into_inner());
         let a = active.take()?;
         for slot in slots {
-            slot.store(std::ptr::null_mut(), Ordering::Release);
+            slot.set_trace(std::ptr::null_mut());
         }
         self.detach_all();
         a.writer.thread().unpark();
@@ -387,14 +392,19 @@ pub(crate) fn woken(f: &crate::fiber::FiberRecord, by: u64, how: u8) -> Event {
     e
 }
 
-/// A run slice of `f` from `start` to now, ended by `end`, after `resumes` resumes.
-#[cold]
-#[inline(never)]
-pub(crate) fn slice(ring: &Ring, f: &crate::fiber::FiberRecord, start: u64, end: End, resumes: u64) {
+/// A run slice of `f` from `start` to `stop`, ended by `end`, after `resumes` resumes.
+pub(crate) fn slice(
+    ring: &Ring,
+    f: &crate::fiber::FiberRecord,
+    start: u64,
+    stop: u64,
+    end: End,
+    resumes: u64,
+) {
     ring.push(Event {
         ts: start,
         x: f.id().as_u64(),
-        y: now(),
+        y: stop,
         z: site(f.spawned_at()),
         kind: Kind::Slice as u8,
         a: end as u8,
@@ -407,18 +417,18 @@ impl super::Shared {
     /// `Runtime::trace_start`.
     pub(crate) fn trace_start(&self, path: &Path) -> io::Result<()> {
         let n = self.started();
-        self.trace.start(path, &mut (0..n).map(|i| &self.slots[i].trace))
+        self.trace.start(path, &mut (0..n).map(|i| &*self.slots[i]))
     }
 
     /// `Runtime::trace_stop`.
     pub(crate) fn trace_stop(&self) -> Option<io::Result<TraceSummary>> {
         let n = self.started();
-        self.trace.stop(&mut (0..n).map(|i| &self.slots[i].trace))
+        self.trace.stop(&mut (0..n).map(|i| &*self.slots[i]))
     }
 
     /// A carrier starting (`Carrier::run`): it records into a running trace too.
     pub(crate) fn trace_attach(&self, i: usize) {
-        self.trace.attach(i, &self.slots[i].trace);
+        self.trace.attach(i, &self.slots[i]);
     }
 
     /// The supervisor found carrier `i` blocked in the OS.
