@@ -361,24 +361,34 @@ fn unstarted_fibers_queued_behind_spinning_carriers_get_a_spare() {
 }
 
 /// `vt::blocking` runs its closure on a helper thread: a hundred blockers at once complete
-/// without any carrier blocking, so none is compensated for.
+/// without any carrier blocking in them, so no carrier is added for the calls.
+///
+/// The carriers themselves start the helper threads, and a thread's creation can wait in the
+/// kernel (the process's memory-map lock, contended by the helpers starting at the same time);
+/// on a loaded machine the off-CPU rule has once taken that wait for a block and added one
+/// carrier. So the test holds the calls to the helpers (every closure ran on one) and the
+/// carriers to at most one more, where a hundred calls blocking their carriers would need many.
 #[test]
 fn a_hundred_blockers_complete_on_helper_threads_without_extra_carriers() {
     let rt = vt::Runtime::builder().carriers(2).max_carriers(8).build().unwrap();
-    let done = Arc::new(AtomicUsize::new(0));
+    let on_helpers = Arc::new(AtomicUsize::new(0));
     let hs: Vec<_> = (0..100)
         .map(|_| {
-            let d = done.clone();
+            let on_helpers = on_helpers.clone();
             rt.spawn(move || {
-                vt::blocking(|| std::thread::sleep(Duration::from_millis(20)));
-                d.fetch_add(1, Ordering::Relaxed);
+                vt::blocking(|| {
+                    if std::thread::current().name() == Some("vt-blocking") {
+                        on_helpers.fetch_add(1, Ordering::Relaxed);
+                    }
+                    std::thread::sleep(Duration::from_millis(20));
+                });
             })
         })
         .collect();
     hs.into_iter().for_each(|h| h.join().unwrap());
-    assert_eq!(done.load(Ordering::Relaxed), 100);
     let m = rt.metrics();
-    assert_eq!(m.carriers_peak, 2, "no carrier blocked, none was added: {m}");
+    assert_eq!(on_helpers.load(Ordering::Relaxed), 100, "every call ran on a helper thread: {m}");
+    assert!(m.carriers_peak <= 3, "no carrier blocked in a call, at most one was added: {m}");
 }
 
 /// On a 1-carrier runtime, a fiber in `vt::blocking` leaves its carrier to the other started
