@@ -15,6 +15,16 @@ fn two_carriers() -> vt::Runtime {
     vt::Runtime::builder().carriers(2).build().unwrap()
 }
 
+/// Two carriers whose supervisor looks every 50 ms instead of 10, for the tests that assert no
+/// carrier was added: 10,000 fibers carve about as many stacks, and two carriers mapping at once
+/// wait on the process's memory-map lock for a few milliseconds, which at 10 ms has looked like
+/// a blocked carrier (one compensation, 2026-12-02, on an otherwise idle machine). A std call
+/// the hooks failed to park would hold its carrier far longer than two such windows.
+#[cfg(feature = "hooks")]
+fn two_patient_carriers() -> vt::Runtime {
+    vt::Runtime::builder().carriers(2).supervisor_interval(Duration::from_millis(50)).build().unwrap()
+}
+
 /// Runs `n` fibers of `body` on `rt` and waits for all of them.
 fn run_all(rt: &vt::Runtime, n: usize, body: impl Fn(usize) + Send + Sync + Clone + 'static) {
     let handles: Vec<_> = (0..n)
@@ -219,7 +229,7 @@ fn assert_no_compensation(rt: &vt::Runtime) {
 fn a_std_mutex_guard_held_across_vt_waits_parks_the_other_ten_thousand_fibers() {
     // Without hooks this deadlocks: a fiber waiting for the guard blocks its carrier in the
     // kernel, and the holder, at home on that carrier, never runs again.
-    let rt = two_carriers();
+    let rt = two_patient_carriers();
     let n = 10_000;
     let m = Arc::new(std::sync::Mutex::new(0usize));
     let m2 = m.clone();
@@ -239,7 +249,7 @@ fn a_std_mutex_guard_held_across_vt_waits_parks_the_other_ten_thousand_fibers() 
 #[test]
 #[cfg(feature = "hooks")]
 fn std_condvar_and_barrier_in_ten_thousand_fibers() {
-    let rt = two_carriers();
+    let rt = two_patient_carriers();
     let n = 10_000;
     // Each fiber checks in and waits on a Condvar until all have: the last one's notify_all
     // ends every wait.
@@ -275,7 +285,7 @@ fn std_condvar_and_barrier_in_ten_thousand_fibers() {
 #[test]
 #[cfg(feature = "hooks")]
 fn std_park_timeout_and_rwlock_and_once_park_fibers() {
-    let rt = two_carriers();
+    let rt = two_patient_carriers();
     let n = 10_000;
     let t = Instant::now();
     // Timed futex waits nobody ends. std's park token belongs to the OS thread, so the fibers
