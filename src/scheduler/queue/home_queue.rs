@@ -2,60 +2,77 @@
 //! each with a mark (the deque's push count when it was queued; see `Carrier::home_pop`).
 //!
 //! Private to its carrier (no atomics): a ring of a power-of-two size, with the front's
-//! counter (`head`, which never wraps on a 64-bit target) and the length, so a slot is
+//! position (`head`, which never wraps on a 64-bit target) and the length, so a slot is
 //! `i & mask` and neither a push nor a pop checks for a wrap. The length, not a tail counter:
 //! a yield's round trip (`push_pop_due`) leaves it as it was and moves only the head, and the
-//! prefetch's peek reads it as it is. It grows (doubles, out of line) when full and never
-//! shrinks, so a steady state allocates nothing. Not a `VecDeque`: its index arithmetic for an
-//! arbitrary capacity (a compare and a conditional move per access) and its growth check on
-//! every push would sit on every yield (`arch/performance.md`).
+//! prefetch's peek reads it as it is. Positions, lengths and the mask count bytes, not entries
+//! (an entry's size is a power of two), so an index is a mask and an add, with no scaling
+//! shift. It grows (doubles, out of line) when full and never shrinks, so a steady state
+//! allocates nothing. Not a `VecDeque`: its index arithmetic for an arbitrary capacity (a
+//! compare and a conditional move per access) and its growth check on every push would sit on
+//! every yield (`arch/performance.md`).
 //! See `arch/scheduler.md`.
 
-use std::mem::MaybeUninit;
+use std::mem::{MaybeUninit, size_of};
 
 pub(crate) struct HomeQueue<T> {
-    /// `slots.len()` is a power of two; the live entries are the `len` from `head` on.
+    /// `slots.len()` is a power of two; the live entries are the `len` bytes from `head` on.
     slots: Box<[MaybeUninit<(T, usize)>]>,
-    /// `slots.len() - 1`, kept: the switch path indexes with it three times.
+    /// The ring's size in bytes, less one.
     mask: usize,
+    /// Bytes: the entries ever taken from the front, times the entry size.
     head: usize,
+    /// Bytes: the entries queued, times the entry size.
     len: usize,
 }
 
 impl<T> HomeQueue<T> {
+    /// An entry's size, a power of two (checked when a queue is made), so that a byte
+    /// position masked with `mask` is a whole entry's offset inside the ring.
+    const SIZE: usize = size_of::<(T, usize)>();
+
     /// An empty queue with room for `capacity` entries (rounded up to a power of two).
     pub(crate) fn with_capacity(capacity: usize) -> Self {
+        const { assert!(Self::SIZE.is_power_of_two()) };
         let n = capacity.max(2).next_power_of_two();
-        HomeQueue { slots: (0..n).map(|_| MaybeUninit::uninit()).collect(), mask: n - 1, head: 0, len: 0 }
+        HomeQueue {
+            slots: (0..n).map(|_| MaybeUninit::uninit()).collect(),
+            mask: n * Self::SIZE - 1,
+            head: 0,
+            len: 0,
+        }
+    }
+
+    /// The slot at byte position `at` (any multiple of the entry size: it wraps).
+    #[inline(always)]
+    fn slot(&mut self, at: usize) -> *mut (T, usize) {
+        // SAFETY: `at` is a multiple of `SIZE` (positions move by whole entries), so `at & mask`
+        // is one too (`mask + 1` is a multiple of `SIZE`, both powers of two) and below the
+        // ring's size in bytes: the start of a slot of `slots`.
+        unsafe { self.slots.as_mut_ptr().cast::<u8>().add(at & self.mask).cast() }
     }
 
     #[inline(always)]
-    fn slot(&mut self, i: usize) -> *mut (T, usize) {
-        // SAFETY: `i & mask < slots.len()`, a power of two.
-        unsafe { self.slots.get_unchecked_mut(i & self.mask).as_mut_ptr() }
-    }
-
-    #[inline(always)]
-    fn slot_ref(&self, i: usize) -> *const (T, usize) {
+    fn slot_ref(&self, at: usize) -> *const (T, usize) {
         // SAFETY: as in `slot`.
-        unsafe { self.slots.get_unchecked(i & self.mask).as_ptr() }
+        unsafe { self.slots.as_ptr().cast::<u8>().add(at & self.mask).cast() }
     }
 
     #[inline(always)]
     pub(crate) fn len(&self) -> usize {
-        self.len
+        self.len / Self::SIZE
     }
 
     /// Queues `v` at the back with its `mark`.
     #[inline(always)]
     pub(crate) fn push_back(&mut self, v: T, mark: usize) {
-        if self.len == self.slots.len() {
+        if self.len > self.mask {
             self.grow();
         }
         let (h, n) = (self.head, self.len);
         // SAFETY: the slot after the live entries holds nothing (the queue is not full).
         unsafe { self.slot(h + n).write((v, mark)) };
-        self.len = n + 1;
+        self.len = n + Self::SIZE;
     }
 
     /// The oldest entry, if its mark is at most `taken` (`due`), or in any case.
@@ -69,8 +86,8 @@ impl<T> HomeQueue<T> {
         if due.is_some_and(|taken| unsafe { (*self.slot_ref(h)).1 } > taken) {
             return None;
         }
-        self.head = h + 1;
-        self.len -= 1;
+        self.head = h + Self::SIZE;
+        self.len -= Self::SIZE;
         // SAFETY: as above; the entry leaves the queue (the head moved past it), read once.
         Some(unsafe { self.slot(h).read().0 })
     }
@@ -96,7 +113,7 @@ impl<T> HomeQueue<T> {
                 // full, it is the front's slot (`(h + n) & mask == h & mask`), read just
                 // above: free either way.
                 unsafe { self.slot(h + n).write((v, mark)) };
-                self.head = h + 1;
+                self.head = h + Self::SIZE;
                 return Some(next);
             }
         }
@@ -108,12 +125,13 @@ impl<T> HomeQueue<T> {
     #[inline(always)]
     pub(crate) fn peek_two(&self) -> (Option<&T>, Option<&T>) {
         let h = self.head;
-        // SAFETY: the `len` entries from `head` on are live; the references borrow `self`.
+        // SAFETY: the `len` bytes of entries from `head` on are live; the references borrow
+        // `self`.
         let at = |i: usize| unsafe { &(*self.slot_ref(i)).0 };
         match self.len {
             0 => (None, None),
-            1 => (Some(at(h)), None),
-            _ => (Some(at(h)), Some(at(h + 1))),
+            n if n == Self::SIZE => (Some(at(h)), None),
+            _ => (Some(at(h)), Some(at(h + Self::SIZE))),
         }
     }
 
@@ -123,14 +141,14 @@ impl<T> HomeQueue<T> {
     fn grow(&mut self) {
         let n = self.slots.len();
         let mut bigger: Box<[MaybeUninit<(T, usize)>]> = (0..2 * n).map(|_| MaybeUninit::uninit()).collect();
-        for k in 0..self.len {
+        for k in 0..self.len() {
             // SAFETY: a live entry, moved once into the new ring's slot `k` (in bounds: the old
             // ring held at most `n` of them).
-            unsafe { bigger[k].write(self.slot(self.head + k).read()) };
+            unsafe { bigger[k].write(self.slot(self.head + k * Self::SIZE).read()) };
         }
         self.head = 0;
         self.slots = bigger;
-        self.mask = 2 * n - 1;
+        self.mask = 2 * n * Self::SIZE - 1;
     }
 }
 
