@@ -176,7 +176,7 @@ impl Schedule for RuntimeRef {
     }
 
     #[inline(always)]
-    fn stamp(&self) -> Option<u64> {
+    fn stamp(&self) -> u64 {
         self.clock.stamp()
     }
 

@@ -112,9 +112,7 @@ impl Carrier {
             _ => slot.location.store(f.spawned_at() as *const _ as *mut _, Ordering::Release),
         }
         f.carrier.store(self.index as u32, Ordering::Relaxed);
-        if let Some(now) = self.rt.clock.stamp() {
-            f.since.store(now, Ordering::Relaxed);
-        }
+        f.since.store(self.rt.clock.stamp(), Ordering::Relaxed);
         // The fiber body catches every panic itself; one escaping a resume is a runtime bug,
         // and unwinding on could drop a half-switched fiber's record. A guard rather than
         // `catch_unwind`: that costs a call and register spills around every resume, the guard
