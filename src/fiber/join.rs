@@ -199,6 +199,13 @@ impl<T> JoinHandle<T> {
         let r = unsafe { rec.take_stage::<thread::Result<T>>() };
         mark_taken(&rec.join);
         scope_done(rec, false);
+        // With the result taken, the handle's drop would only read `TAKEN` and return: skip
+        // it (a call and the join word's load per join), and release the fiber reference
+        // alone. Not earlier: a join unwound while it waits needs that drop to detach.
+        let this = std::mem::ManuallyDrop::new(self);
+        // SAFETY: `this` is neither used nor dropped again, so its fiber reference moves out
+        // once.
+        drop(unsafe { std::ptr::read(&this.fiber) });
         r
     }
 
