@@ -744,3 +744,52 @@ fn echo_client(
         Err(e) => Err(format!("client {i}: waiting for the end of stream: {e}")),
     }
 }
+
+/// A plain thread's blocking read that starts while a fiber's first hooked call on the same
+/// descriptor classifies it (switching it to non-blocking underneath) blocks until data comes,
+/// never returning `WouldBlock`. Each round: a fresh socket pair; a plain thread and a fiber
+/// released together, the thread reading the empty end after a delay that sweeps the fiber's
+/// classification (0 to 255 spins, by round), the fiber writing through that end (its write
+/// classifies it); then the test sends the byte the thread waits for. The window the ordering
+/// in `classify_now` closes lasts a fraction of a microsecond unless the carrier is preempted in
+/// it, so this catches it only by chance, and a wider one reliably (`arch/hooks.md`, "The switch
+/// and a plain thread"). `VT_CLASSIFY_ROUNDS` sets the rounds (1,000).
+#[test]
+fn a_plain_thread_reading_while_a_fiber_classifies_the_descriptor_still_blocks() {
+    let _one = serial();
+    let rt = two_carriers();
+    let rounds: usize = std::env::var("VT_CLASSIFY_ROUNDS").map_or(1000, |r| r.parse().unwrap());
+    for round in 0..rounds {
+        let (a, mut b) = UnixStream::pair().unwrap();
+        let a = Arc::new(a);
+        let go = Arc::new(AtomicUsize::new(0));
+        let arrive = |go: &AtomicUsize| {
+            go.fetch_add(1, Ordering::AcqRel);
+            while go.load(Ordering::Acquire) < 2 {
+                std::hint::spin_loop();
+            }
+        };
+        let (a2, go2) = (a.clone(), go.clone());
+        let reader = std::thread::spawn(move || {
+            arrive(&go2);
+            for _ in 0..round % 256 {
+                std::hint::spin_loop();
+            }
+            let mut buf = [0u8; 1];
+            (&*a2).read(&mut buf).map(|k| (k, buf[0]))
+        });
+        let (a3, go3) = (a.clone(), go.clone());
+        rt.spawn(move || {
+            arrive(&go3);
+            (&*a3).write_all(b"x").unwrap();
+        })
+        .join()
+        .unwrap();
+        b.write_all(b"y").unwrap();
+        let got = reader.join().unwrap();
+        assert!(matches!(got, Ok((1, b'y'))), "round {round}: the plain thread's blocking read gave {got:?}");
+        let mut x = [0u8; 1];
+        b.read_exact(&mut x).unwrap();
+        assert_eq!(&x, b"x");
+    }
+}
