@@ -24,9 +24,10 @@ fn two_carriers() -> vt::Runtime {
 /// wait on the process's memory-map lock for a few milliseconds, which at 10 ms has looked like
 /// a blocked carrier (one compensation, 2026-12-02, on an otherwise idle machine). A std call
 /// the hooks failed to park would hold its carrier far longer than two such windows.
+/// `VT_TEST_SUPERVISOR_MS` overrides it (`common::supervisor_interval`).
 #[cfg(feature = "hooks")]
 fn two_patient_carriers() -> vt::Runtime {
-    vt::Runtime::builder().carriers(2).supervisor_interval(Duration::from_millis(50)).build().unwrap()
+    vt::Runtime::builder().carriers(2).supervisor_interval(common::supervisor_interval(50)).build().unwrap()
 }
 
 /// Runs `n` fibers of `body` on `rt` and waits for all of them.

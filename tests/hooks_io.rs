@@ -29,9 +29,16 @@ fn serial() -> std::sync::MutexGuard<'static, ()> {
 /// the memory map's, a reactor list's), which at 10 ms can look like a blocked carrier. A call
 /// that blocked its carrier here would hold it until its peer, often a fiber queued behind
 /// it, runs: far longer than two windows (`a_carrier_blocked_in_a_raw_read_is_caught` shows
-/// the supervisor still sees it at this interval).
+/// the supervisor still sees it at this interval). `VT_TEST_SUPERVISOR_MS` overrides it
+/// (`common::supervisor_interval`).
 fn builder() -> vt::runtime::Builder {
-    vt::Runtime::builder().supervisor_interval(Duration::from_millis(50))
+    vt::Runtime::builder().supervisor_interval(common::supervisor_interval(50))
+}
+
+/// How many connections (or pairs) the echo and pair tests make: `VT_TEST_CONNECTIONS`, or
+/// 500 (`.ci/valgrind` runs them with fewer).
+fn connections() -> usize {
+    std::env::var("VT_TEST_CONNECTIONS").map_or(500, |n| n.parse().expect("VT_TEST_CONNECTIONS: a number"))
 }
 
 fn two_carriers() -> vt::Runtime {
@@ -56,7 +63,7 @@ fn join_all<T>(hs: Vec<vt::JoinHandle<T>>) -> Vec<T> {
 fn std_net_echo_in_a_thousand_fibers_on_two_carriers() {
     let _one = serial();
     let rt = two_carriers();
-    let n = 500;
+    let n = connections();
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     // std listens with a backlog of 128; 500 connects at once overflow it, the kernel answers
     // with SYN cookies, and a cookie it then fails to validate resets that connection (seen:
@@ -207,7 +214,7 @@ fn a_read_timeout_is_honoured_and_the_carrier_runs_others_meanwhile() {
 #[test]
 fn unix_stream_pairs_with_io_copy_in_a_thousand_fibers() {
     let rt = two_carriers();
-    let n = 500;
+    let n = connections();
     let data: Arc<Vec<u8>> = Arc::new((0..256 * 1024).map(|k| (k % 251) as u8).collect());
     let hs: Vec<_> = (0..n)
         .flat_map(|_| {
