@@ -808,3 +808,52 @@ fn a_plain_thread_reading_while_a_fiber_classifies_the_descriptor_still_blocks()
         assert_eq!(&x, b"x");
     }
 }
+
+/// A fiber whose hooked wait the runtime's drop cut short (`ECANCELED`) and that calls again,
+/// as an accept loop that logs its errors and goes on does: each later call fails the same way
+/// at once. Passed through instead, the call waited in the kernel for ever on the thread that
+/// unwinds the fiber, and the drop never returned.
+#[test]
+fn a_fiber_that_calls_again_after_its_runtime_s_drop_cut_its_wait_lets_the_drop_finish() {
+    let _one = serial();
+    let rt = two_carriers();
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let (a, _b) = UnixStream::pair().unwrap();
+    let errors = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let (ready_tx, ready_rx) = vt::channel::bounded::<()>(2);
+    let (e1, r1) = (errors.clone(), ready_tx.clone());
+    rt.spawn(move || {
+        r1.send(()).unwrap();
+        for _ in 0..3 {
+            if let Err(e) = listener.accept() {
+                e1.lock().unwrap().push(("accept", e.raw_os_error()));
+            }
+        }
+    });
+    let e2 = errors.clone();
+    rt.spawn(move || {
+        ready_tx.send(()).unwrap();
+        for _ in 0..3 {
+            let mut p = libc::pollfd { fd: a.as_raw_fd(), events: libc::POLLIN, revents: 0 };
+            // SAFETY: one valid pollfd.
+            if unsafe { libc::poll(&mut p, 1, -1) } < 0 {
+                e2.lock().unwrap().push(("poll", io::Error::last_os_error().raw_os_error()));
+            }
+        }
+    });
+    for _ in 0..2 {
+        ready_rx.recv().unwrap();
+    }
+    let (done_tx, done_rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        drop(rt);
+        done_tx.send(()).unwrap();
+    });
+    done_rx
+        .recv_timeout(Duration::from_secs(60))
+        .expect("the runtime's drop did not finish: a hooked call after ECANCELED blocked it");
+    let mut got = errors.lock().unwrap().clone();
+    got.sort();
+    let cancelled = Some(libc::ECANCELED);
+    assert_eq!(got, [[("accept", cancelled); 3], [("poll", cancelled); 3]].concat());
+}
