@@ -9,7 +9,8 @@
 //! A shard is a ring of fiber pointers (`VecDeque<FiberRef>`) under a small lock, beside an
 //! atomic length that lets `is_empty` and the carriers' quick checks read without locking. A
 //! carrier's spill gathers 128 pointers privately (a [`Batch`], allocated once per carrier)
-//! and appends them under one acquisition; a steal copies up to [`STEAL_BATCH`] out under one.
+//! and appends them under one acquisition; a steal copies up to [`STEAL_BATCH`] out under one
+//! (a whole spill, [`LONE_STEAL_BATCH`], in a runtime of one carrier).
 //! Neither touches the fibers' records: an earlier intrusive list (fibers linked through a
 //! field of their records) allocated nothing either, but a spill wrote 128 records that had
 //! sat in the deque long enough to be cold, and a steal walked its batch's links under the
@@ -30,6 +31,13 @@ use crate::fiber::FiberRef;
 /// Most fibers one `steal_into` takes from a shard (crossbeam's injector took up to 33), so one
 /// carrier does not take the whole backlog while the others look on.
 const STEAL_BATCH: usize = 32;
+
+/// The same in a runtime of one carrier, where no other carrier looks on: a whole spill
+/// (half the deque), so that the fibers a spawner's full deque spilled come back in one
+/// steal, not four, each of which ran the idle search's checks after the deque ran dry
+/// (`arch/performance.md`). A spare started while that carrier blocks steals from its deque as
+/// from any other's.
+const LONE_STEAL_BATCH: usize = super::queue::run_queue::CAPACITY / 2;
 
 /// A ring keeps capacity for this many fibers however far it drains, so the steady state of a
 /// busy runtime never allocates; past it, a ring that drained to an eighth of its capacity
@@ -73,6 +81,8 @@ impl Shard {
 pub(crate) struct Injector {
     shards: Box<[CachePadded<Shard>]>,
     mask: usize,
+    /// `STEAL_BATCH`, or `LONE_STEAL_BATCH` for one carrier.
+    batch: usize,
 }
 
 impl Injector {
@@ -80,7 +90,8 @@ impl Injector {
     pub(crate) fn new(carriers: usize) -> Injector {
         let n = (carriers * 2).next_power_of_two().max(2);
         let shard = || CachePadded(Shard { queue: Mutex::new(VecDeque::new()), len: AtomicUsize::new(0) });
-        Injector { shards: (0..n).map(|_| shard()).collect(), mask: n - 1 }
+        let batch = if carriers == 1 { LONE_STEAL_BATCH } else { STEAL_BATCH };
+        Injector { shards: (0..n).map(|_| shard()).collect(), mask: n - 1, batch }
     }
 
     pub(crate) fn shards(&self) -> usize {
@@ -108,8 +119,9 @@ impl Injector {
     }
 
     /// Takes a batch from the first non-empty shard, starting at `start`: up to half the
-    /// shard, at most `STEAL_BATCH` and what fits in `local`, under one lock. All but the
-    /// oldest go to `local`, in order; the oldest is returned to run.
+    /// shard, at most the batch (`STEAL_BATCH`, `LONE_STEAL_BATCH`) and what fits in `local`,
+    /// under one lock. All but the oldest go to `local`, in order; the oldest is returned to
+    /// run.
     pub(crate) fn steal_into(&self, start: usize, local: &Local<FiberRef>) -> Option<FiberRef> {
         let room = local.free();
         for k in 0..self.shards.len() {
@@ -121,7 +133,7 @@ impl Injector {
             // Empty only if another carrier emptied the shard after our look.
             let Some(first) = q.pop_front() else { continue };
             // Pointer copies into our own deque: short enough to do under the lock.
-            let n = (q.len() + 1).div_ceil(2).min(STEAL_BATCH).min(room + 1) - 1;
+            let n = (q.len() + 1).div_ceil(2).min(self.batch).min(room + 1) - 1;
             // Read from the ring's two slices, not through `drain`, whose every step reloaded
             // the ring's fields (the deque's stores are atomic, so they might have changed):
             // the front `n` are copied into `local`, which owns them from then on, and then
@@ -265,7 +277,7 @@ mod tests {
         assert_eq!(inj.shards[1].lock().len(), 100);
         assert!(inj.shards[0].looks_empty() && !inj.is_empty());
 
-        // Steals from shard 0 onwards find shard 1: half of it, capped at STEAL_BATCH.
+        // Steals from shard 0 onwards find shard 1: half of it (below either cap).
         let (local, _) = crate::scheduler::queue::run_queue::new(256);
         let mut got = Vec::new();
         let mut sizes = Vec::new();
@@ -276,7 +288,7 @@ mod tests {
                 got.push(f);
             }
         }
-        assert_eq!(sizes, [32, 32, 18, 9, 5, 2, 1, 1]);
+        assert_eq!(sizes, [50, 25, 13, 6, 3, 2, 1]);
         assert_eq!(ptrs(&got), order);
         assert!(inj.is_empty() && inj.shards[1].lock().is_empty());
 
@@ -291,6 +303,29 @@ mod tests {
         assert_eq!(FiberRef::as_ptr(&f), order[0]);
         assert_eq!([0, 1].map(|i| inj.shards[i].len.load(Ordering::Relaxed)), [2, 1]);
         drop((f, got, local, inj));
+    }
+
+    /// A steal takes half the shard, capped at 32 among several carriers and at a whole spill
+    /// (128) for a lone one.
+    #[test]
+    fn a_steal_is_capped_by_the_number_of_carriers() {
+        let runtime = runtime();
+        let rt = runtime.handle().runtime().clone();
+        for (carriers, want) in [
+            (2, &[32, 32, 32, 32, 32, 32, 32, 32, 22, 11, 6, 3, 1, 1][..]),
+            (1, &[128, 86, 43, 22, 11, 5, 3, 1, 1][..]),
+        ] {
+            let inj = Injector::new(carriers);
+            inj.push_batch(0, &mut fibers(&rt, 300));
+            let (local, _) = crate::scheduler::queue::run_queue::new(256);
+            let mut sizes = Vec::new();
+            while let Some(f) = inj.steal_into(0, &local) {
+                sizes.push(1 + local.len());
+                drop(f);
+                while local.pop().is_some() {}
+            }
+            assert_eq!(sizes, want, "{carriers} carriers");
+        }
     }
 
     /// A shard that a burst grew gives the memory back as it drains, down to what the steady
