@@ -1,7 +1,7 @@
 //! What the diagnostics cost.
 //!
 //! 1. Fiber roots on against off (`runtime::Builder::fiber_roots`), interleaved in one run,
-//!    medians: W1 fork_join (spawn-heavy; the bound is 10%) and W4 ping_pong (a park and
+//!    medians: W1 fork_join (spawn-heavy; the bound is 10%) and W4 ping_pong (a park and
 //!    an unpark per message: the state timestamps are written there).
 //! 2. `Runtime::dump()` of 100,000 parked fibers, and `Runtime::metrics()` on a busy runtime.
 //!

@@ -9,7 +9,10 @@
 //! loaded machine does not move: `HOOKS_PROBE=plain-hooked` (or `plain-libc`, `fiber-hooked`,
 //! `fiber-libc`) runs `PROBE_READS` reads of that side and exits, for
 //! `valgrind --tool=cachegrind --cache-sim=no`; the difference of two probes over `PROBE_READS`
-//! is the hook's instructions per call. Figures: `arch/hooks.md` ("Costs").
+//! is the hook's instructions per call. `HOOKS_ALTERNATE=<rounds>` times the plain thread's two
+//! sides in turns, 1,000,000 reads each, the order swapped every round, and prints each side's
+//! median and the median of the rounds' ratios: a loaded machine moves both sides of a round
+//! alike, where criterion's groups run one after the other. Figures: `arch/hooks.md` ("Costs").
 
 use std::ffi::{c_int, c_void};
 use std::time::{Duration, Instant};
@@ -119,6 +122,10 @@ fn main() {
         }
         return;
     }
+    if let Ok(rounds) = std::env::var("HOOKS_ALTERNATE") {
+        alternate(rounds.parse().expect("HOOKS_ALTERNATE=<rounds>"), sides);
+        return;
+    }
     let mut c = Criterion::default().configure_from_args();
     let mut g = c.benchmark_group("pipe read 1 byte");
     let pipe = std::sync::Arc::new(Pipe::new());
@@ -140,4 +147,33 @@ fn main() {
     }
     g.finish();
     c.final_summary();
+}
+
+/// `HOOKS_ALTERNATE`: the plain thread's sides in turns (module doc).
+fn alternate(rounds: usize, sides: [(&str, ReadFn); 2]) {
+    const READS: u64 = 1_000_000;
+    let pipe = Pipe::new();
+    let median = |v: &mut Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    let (mut hooked, mut libc, mut ratios) = (Vec::new(), Vec::new(), Vec::new());
+    for round in 0..rounds.max(1) {
+        let mut ns = [0.0; 2];
+        for k in 0..2 {
+            let side = (k + round) % 2;
+            ns[side] = pipe.time(READS, sides[side].1).as_nanos() as f64 / READS as f64;
+        }
+        hooked.push(ns[0]);
+        libc.push(ns[1]);
+        ratios.push(ns[0] / ns[1]);
+        println!("round {round}: hooked {:.1} ns, libc {:.1} ns, ratio {:.4}", ns[0], ns[1], ns[0] / ns[1]);
+    }
+    println!(
+        "plain thread, 1-byte pipe read, {} rounds x {READS} reads: hooked {:.1} ns, libc {:.1} ns (medians); median ratio {:.4}",
+        ratios.len(),
+        median(&mut hooked),
+        median(&mut libc),
+        median(&mut ratios)
+    );
 }

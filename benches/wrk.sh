@@ -12,7 +12,9 @@
 # VT_ARGS="--carriers 2"), VT_BIN (another build of http_server, to compare two builds of the
 # runtime against the same tokio), VT_PIN_MODES (e.g. "1 0": one more vt server per mode, named
 # vt-pin1 / vt-pin0, run with VT_PIN_CARRIERS set to it, beside the default `vt`, whose carriers
-# are pinned until their CPU is shared). Installs wrk with apt-get if it is missing.
+# are pinned until their CPU is shared), VT_STD=1 (one more server, vt-std: the same server on
+# std::net's own types, `--std`, built with the `hooks` feature that parks them; arch/hooks.md).
+# Installs wrk with apt-get if it is missing.
 set -euo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -22,7 +24,9 @@ CONNS=${CONNS:-100 1000}
 VT_ARGS=${VT_ARGS:-}
 TOKIO_ARGS=${TOKIO_ARGS:-}
 VT_PIN_MODES=${VT_PIN_MODES:-}
+VT_STD=${VT_STD:-}
 SERVERS=(vt tokio)
+[ -z "$VT_STD" ] || SERVERS+=(vt-std)
 for mode in $VT_PIN_MODES; do
     case $mode in
         0 | 1) SERVERS+=("vt-pin$mode") ;;
@@ -35,12 +39,18 @@ if ! command -v wrk >/dev/null; then
     apt-get install -y wrk >&2 || { apt-get update >&2 && apt-get install -y wrk >&2; }
 fi
 
-echo "wrk.sh: building both servers (release)" >&2
-cargo build --release -p vt-bench --example http_server --example http_server_tokio >&2
 bin_dir="${CARGO_TARGET_DIR:-target}/release/examples"
-VT_BIN=${VT_BIN:-$bin_dir/http_server}
 tick=$(getconf CLK_TCK)
 work=$(mktemp -d)
+if [ -n "$VT_STD" ]; then
+    # The feature changes the build's one http_server binary: build it first and keep a copy.
+    echo "wrk.sh: building the std::net server (release, --features hooks)" >&2
+    cargo build --release -p vt-bench --features hooks --example http_server >&2
+    cp "$bin_dir/http_server" "$work/http_server_hooks"
+fi
+echo "wrk.sh: building both servers (release)" >&2
+cargo build --release -p vt-bench --example http_server --example http_server_tokio >&2
+VT_BIN=${VT_BIN:-$bin_dir/http_server}
 server_pid=
 
 stop_server() {
@@ -73,6 +83,7 @@ start_server() {
     case $name in
         vt) read -r -a cmd <<<"env VT_PIN_CARRIERS= $VT_BIN --port 0 $VT_ARGS" ;;
         vt-pin*) read -r -a cmd <<<"env VT_PIN_CARRIERS=${name#vt-pin} $VT_BIN --port 0 $VT_ARGS" ;;
+        vt-std) read -r -a cmd <<<"env VT_PIN_CARRIERS= $work/http_server_hooks --std --port 0 $VT_ARGS" ;;
         tokio) read -r -a cmd <<<"$bin_dir/http_server_tokio --port 0 $TOKIO_ARGS" ;;
     esac
     : >"$log"

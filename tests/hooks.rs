@@ -3,11 +3,15 @@
 //! code blocks carriers and the supervisor starts more (each test asserts the side it is built
 //! for). `arch/hooks.md`.
 
+use std::io::{self, Read, Write};
+use std::net::{TcpListener, TcpStream};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use virtual_threads as vt;
+
+mod common;
 
 const HOOKED: bool = cfg!(feature = "hooks");
 
@@ -20,9 +24,10 @@ fn two_carriers() -> vt::Runtime {
 /// wait on the process's memory-map lock for a few milliseconds, which at 10 ms has looked like
 /// a blocked carrier (one compensation, 2026-12-02, on an otherwise idle machine). A std call
 /// the hooks failed to park would hold its carrier far longer than two such windows.
+/// `VT_TEST_SUPERVISOR_MS` overrides it (`common::supervisor_interval`).
 #[cfg(feature = "hooks")]
 fn two_patient_carriers() -> vt::Runtime {
-    vt::Runtime::builder().carriers(2).supervisor_interval(Duration::from_millis(50)).build().unwrap()
+    vt::Runtime::builder().carriers(2).supervisor_interval(common::supervisor_interval(50)).build().unwrap()
 }
 
 /// Runs `n` fibers of `body` on `rt` and waits for all of them.
@@ -387,4 +392,143 @@ fn dropping_the_runtime_under_a_std_condvar_wait_waits_for_a_late_notify() {
     drop(rt);
     assert!(t.elapsed() >= late - Duration::from_millis(100), "the drop returned before the notify");
     notifier.join().unwrap();
+}
+
+/// A `std::net` echo of 4 connections whose server accepts all of them before it echoes any.
+/// Without hooks the acceptor's `accept` and each client's read of its echo hold their carrier
+/// (at most two such fibers on two carriers), so the rest of the clients, and with them the
+/// echo, run only on carriers the supervisor starts for the fibers queued behind the blocked
+/// ones: the set finishes, with compensation. With hooks they park and two carriers do it alone
+/// (`tests/hooks_io.rs` scales this to 10,000 connections).
+#[test]
+fn a_std_net_echo_needs_added_carriers_only_without_hooks() {
+    #[cfg(feature = "hooks")]
+    let rt = two_patient_carriers();
+    #[cfg(not(feature = "hooks"))]
+    let rt = two_carriers();
+    let n = 4;
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    let m = common::within(Duration::from_secs(60), "the std::net echo", move || {
+        let h = rt.handle();
+        let server = rt.spawn(move || {
+            let conns: Vec<_> = (0..n).map(|_| listener.accept().unwrap().0).collect();
+            let echoes: Vec<_> =
+                conns.into_iter().map(|s| h.spawn(move || io::copy(&mut &s, &mut &s).unwrap())).collect();
+            echoes.into_iter().map(|e| e.join().unwrap()).sum::<u64>()
+        });
+        let clients: Vec<_> = (0..n)
+            .map(|i| {
+                rt.spawn(move || {
+                    let mut s = TcpStream::connect(addr).unwrap();
+                    s.write_all(&[i; 100]).unwrap();
+                    s.shutdown(std::net::Shutdown::Write).unwrap();
+                    let mut back = Vec::new();
+                    s.read_to_end(&mut back).unwrap();
+                    assert_eq!(back, [i; 100], "client {i}");
+                })
+            })
+            .collect();
+        for c in clients {
+            c.join().unwrap();
+        }
+        assert_eq!(server.join().unwrap(), 400);
+        rt.metrics()
+    });
+    if HOOKED {
+        assert_eq!((m.compensations, m.carriers_peak), (0, 2), "{m}");
+    } else {
+        assert!(m.compensations >= 1 && m.carriers_peak > 2, "{m}");
+    }
+}
+
+/// Eight fibers wait on a std `Condvar` until all of them have checked in. Without hooks each
+/// waiter holds its carrier, and the last ones to check in run only on carriers the supervisor
+/// starts for them; with hooks the waits park and two carriers do it alone
+/// (`std_condvar_and_barrier_in_ten_thousand_fibers` scales this to 10,000).
+#[test]
+fn a_std_condvar_wait_needs_added_carriers_only_without_hooks() {
+    #[cfg(feature = "hooks")]
+    let rt = two_patient_carriers();
+    #[cfg(not(feature = "hooks"))]
+    let rt = two_carriers();
+    let n = 8;
+    let m = common::within(Duration::from_secs(60), "the std Condvar", move || {
+        let state = Arc::new((std::sync::Mutex::new(0usize), std::sync::Condvar::new()));
+        run_all(&rt, n, move |_| {
+            let (count, all_in) = &*state;
+            let mut c = count.lock().unwrap();
+            *c += 1;
+            all_in.notify_all();
+            while *c < n {
+                c = all_in.wait(c).unwrap();
+            }
+        });
+        rt.metrics()
+    });
+    if HOOKED {
+        assert_eq!((m.compensations, m.carriers_peak), (0, 2), "{m}");
+    } else {
+        assert!(m.compensations >= 1 && m.carriers_peak > 2, "{m}");
+    }
+}
+
+/// A fiber holds a std `MutexGuard` across a `vt::sleep` while another fiber of its only
+/// carrier locks the same mutex. Without hooks the second lock blocks the carrier, and the
+/// holder, at home there, can never run again to unlock: a deadlock that no added carrier can
+/// end (the supervisor reports the blocked carrier). With hooks the second lock parks, the
+/// holder wakes and unlocks, and both finish on the one carrier. Run in a child process, which a
+/// watchdog ends once the deadlock has lasted 5 s.
+#[test]
+fn a_std_mutex_guard_across_a_vt_sleep_deadlocks_its_carrier_only_without_hooks() {
+    if std::env::var("VT_HOOKS_CHILD").as_deref() == Ok("mutex") {
+        let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
+        std::thread::spawn(move || {
+            if done_rx.recv_timeout(Duration::from_secs(5)).is_err() {
+                println!("child: stuck");
+                // Not through the runtime's drop, which would wait for the stuck fibers.
+                std::process::exit(0);
+            }
+        });
+        let rt = vt::Runtime::builder()
+            .carriers(1)
+            .supervisor_interval(common::supervisor_interval(10))
+            .deadlock_report(None)
+            .build()
+            .unwrap();
+        let m = Arc::new(std::sync::Mutex::new(0));
+        let (held_tx, held_rx) = vt::channel::bounded::<()>(1);
+        let m1 = m.clone();
+        let holder = rt.spawn(move || {
+            let mut g = m1.lock().unwrap();
+            held_tx.send(()).unwrap();
+            vt::sleep(Duration::from_millis(50));
+            *g += 1;
+        });
+        let m2 = m.clone();
+        let locker = rt.spawn(move || {
+            held_rx.recv().unwrap();
+            *m2.lock().unwrap() += 1;
+        });
+        holder.join().unwrap();
+        locker.join().unwrap();
+        let metrics = rt.metrics();
+        println!("child: ok {} {}", *m.lock().unwrap(), metrics.carriers_peak);
+        done_tx.send(()).unwrap();
+        return;
+    }
+    let out = common::rerun_self(
+        "a_std_mutex_guard_across_a_vt_sleep_deadlocks_its_carrier_only_without_hooks",
+        "VT_HOOKS_CHILD",
+        "mutex",
+    )
+    .output()
+    .expect("re-exec the test binary");
+    if HOOKED {
+        let (stdout, _) = common::child_output(&out, "child: ok");
+        assert!(stdout.contains("child: ok 2 1"), "both locked, on the one carrier: {stdout}");
+    } else {
+        let (_, stderr) = common::child_output(&out, "child: stuck");
+        assert!(stderr.contains("carrier 0 blocked"), "the blocked carrier is reported: {stderr}");
+    }
 }

@@ -5,8 +5,8 @@
 //! fiber used, and a cancelled fiber inside a hooked call. `arch/hooks.md`.
 #![cfg(feature = "hooks")]
 
-use std::io::{self, Read, Write};
-use std::net::{TcpListener, TcpStream};
+use std::io::{self, BufRead, Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::os::fd::AsRawFd;
 use std::os::unix::net::UnixStream;
 use std::sync::Arc;
@@ -14,6 +14,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use virtual_threads as vt;
+
+mod common;
 
 /// One test at a time: another test's `fork` (a child process) holds every stack pool's lock
 /// for its duration (`pool` of stacks, `pthread_atfork`), which the supervisor may take for a blocked carrier of this one.
@@ -27,9 +29,16 @@ fn serial() -> std::sync::MutexGuard<'static, ()> {
 /// the memory map's, a reactor list's), which at 10 ms can look like a blocked carrier. A call
 /// that blocked its carrier here would hold it until its peer, often a fiber queued behind
 /// it, runs: far longer than two windows (`a_carrier_blocked_in_a_raw_read_is_caught` shows
-/// the supervisor still sees it at this interval).
+/// the supervisor still sees it at this interval). `VT_TEST_SUPERVISOR_MS` overrides it
+/// (`common::supervisor_interval`).
 fn builder() -> vt::runtime::Builder {
-    vt::Runtime::builder().supervisor_interval(Duration::from_millis(50))
+    vt::Runtime::builder().supervisor_interval(common::supervisor_interval(50))
+}
+
+/// How many connections (or pairs) the echo and pair tests make: `VT_TEST_CONNECTIONS`, or
+/// 500 (`.ci/valgrind` runs them with fewer).
+fn connections() -> usize {
+    std::env::var("VT_TEST_CONNECTIONS").map_or(500, |n| n.parse().expect("VT_TEST_CONNECTIONS: a number"))
 }
 
 fn two_carriers() -> vt::Runtime {
@@ -54,7 +63,7 @@ fn join_all<T>(hs: Vec<vt::JoinHandle<T>>) -> Vec<T> {
 fn std_net_echo_in_a_thousand_fibers_on_two_carriers() {
     let _one = serial();
     let rt = two_carriers();
-    let n = 500;
+    let n = connections();
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     // std listens with a backlog of 128; 500 connects at once overflow it, the kernel answers
     // with SYN cookies, and a cookie it then fails to validate resets that connection (seen:
@@ -205,7 +214,7 @@ fn a_read_timeout_is_honoured_and_the_carrier_runs_others_meanwhile() {
 #[test]
 fn unix_stream_pairs_with_io_copy_in_a_thousand_fibers() {
     let rt = two_carriers();
-    let n = 500;
+    let n = connections();
     let data: Arc<Vec<u8>> = Arc::new((0..256 * 1024).map(|k| (k % 251) as u8).collect());
     let hs: Vec<_> = (0..n)
         .flat_map(|_| {
@@ -561,4 +570,342 @@ fn udp_echo_and_a_shutdown_read_wake_parked_fibers() {
         drop(peer.join().unwrap());
     });
     assert_no_compensation(&rt);
+}
+
+/// 10,000 `std::net` connections, all open at once: an echo server in fibers, in a child
+/// process of its own (both ends in one process would need 20,000 descriptors, this machine's
+/// whole limit), and 10,000 client fibers here. Each client connects, waits until every client
+/// has its connection, then writes 2 to 4 KiB of its own pattern, half-closes, reads the echo
+/// back with `read_exact` and sees the end of stream. Both processes run 2 carriers with hooks,
+/// and each asserts that it never needed a compensating carrier.
+///
+/// Listen backlog: the server listens with 4,096 (somaxconn here), and a client holds one of
+/// fewer permits from before its `connect` until the server's greeting byte says its connection
+/// was accepted, so the accept queue never overflows (an overflow means SYN retries, a second
+/// or more each, or a reset when a SYN cookie fails to validate). Ports: 10,000 ephemeral ports
+/// of 28,232; the clients close first, so they hold the `TIME_WAIT`s, but Linux gives a
+/// connecting socket a port in `TIME_WAIT` towards another destination, and every run listens
+/// on a port of its own, so a second run within the minute finds the ports it needs.
+#[test]
+fn ten_thousand_std_net_connections_held_open_at_once_on_two_carriers_each_side() {
+    const CHILD: &str = "VT_HOOKS_ECHO_SERVER";
+    const NAME: &str = "ten_thousand_std_net_connections_held_open_at_once_on_two_carriers_each_side";
+    let n = 10_000;
+    if let Ok(n) = std::env::var(CHILD) {
+        let n: usize = n.parse().unwrap();
+        common::within(Duration::from_secs(300), "the echo server", move || echo_server(n));
+        return;
+    }
+    let _one = serial();
+    raise_open_files(n + 200);
+    let mut server = KillOnDrop(
+        common::rerun_self(NAME, CHILD, &n.to_string())
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .expect("starting the echo server's process"),
+    );
+    let out = server.0.stdout.take().unwrap();
+    let t = Instant::now();
+    let report = common::within(Duration::from_secs(240), "10,000 echo clients", move || {
+        let mut lines = io::BufReader::new(out).lines();
+        let addr: SocketAddr = loop {
+            let l = lines.next().expect("the server exited before listening").unwrap();
+            // libtest's "test <name> ... " has no line end: the line may start with it.
+            if let Some((_, a)) = l.split_once("echo server listening on ") {
+                break a.parse().unwrap();
+            }
+        };
+        echo_clients(addr, n);
+        // The server's report, once it has served every connection; then its end (its stdout
+        // closes as it exits), before `wait` closes its stdin, which would end it early.
+        let mut lines = lines.map(Result::unwrap);
+        let report = lines.find_map(|l| l.split_once("echo server report: ").map(|(_, r)| r.to_owned()));
+        let report = report.expect("no report from the server");
+        lines.for_each(drop);
+        report
+    });
+    let took = t.elapsed();
+    let status = server.0.wait().unwrap();
+    assert!(status.success(), "the echo server failed: {status}");
+    eprintln!("{n} connections held open at once, echoed in {took:?}; the server: {report}");
+    let want = format!("{n} connections, {} bytes, compensations 0, carriers_peak 2", total_len(n));
+    assert_eq!(report, want);
+}
+
+/// Bytes client `i` sends: 2 to 4 KiB, a few KiB each, so that the echo fits in the socket
+/// buffers and the client needs no second fiber to write while it reads.
+fn echo_len(i: usize) -> usize {
+    2048 + (i * 509) % 2049
+}
+
+fn total_len(n: usize) -> usize {
+    (0..n).map(echo_len).sum()
+}
+
+/// Client `i`'s byte `k`: the pattern depends on `i`, so that a connection mixed up with another
+/// shows.
+fn echo_byte(i: usize, k: usize) -> u8 {
+    ((k + i) % 251) as u8
+}
+
+/// Kills the child when the test fails (the child also ends itself: `echo_server`'s limit, and
+/// its stdin's end).
+struct KillOnDrop(std::process::Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Raises this process's soft limit on open descriptors to its hard limit, which must allow
+/// `need`.
+fn raise_open_files(need: usize) {
+    let mut l = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: `l` is a writable rlimit.
+    assert_eq!(unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut l) }, 0);
+    assert!(
+        l.rlim_max as usize >= need,
+        "this test needs {need} open descriptors per process; the hard limit is {} (ulimit -Hn)",
+        l.rlim_max
+    );
+    if l.rlim_cur < l.rlim_max {
+        l.rlim_cur = l.rlim_max;
+        // SAFETY: a valid rlimit, no higher than the hard limit.
+        assert_eq!(unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &l) }, 0);
+    }
+}
+
+/// The child's part: accepts `n` connections, each served by a fiber that sends a greeting byte
+/// then echoes with `io::copy` until the client's end of stream; prints what it served.
+fn echo_server(n: usize) {
+    raise_open_files(n + 200);
+    // The parent's end: if it goes away (killed), so does this process.
+    std::thread::spawn(|| {
+        let _ = io::stdin().read(&mut [0u8; 1]);
+        std::process::exit(3);
+    });
+    let rt = two_carriers();
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    // std listens with a backlog of 128; the kernel caps this at somaxconn.
+    // SAFETY: a plain call on the listener's open descriptor.
+    assert_eq!(unsafe { libc::listen(listener.as_raw_fd(), 4096) }, 0);
+    println!("echo server listening on {}", listener.local_addr().unwrap());
+    let h = rt.handle();
+    let served = rt
+        .spawn(move || {
+            // The acceptor only accepts and spawns, to keep the accept queue short.
+            let conns: Vec<_> = (0..n)
+                .map(|_| {
+                    let (s, _) = listener.accept().unwrap();
+                    h.spawn(move || {
+                        (&s).write_all(b"+").unwrap();
+                        let echoed = io::copy(&mut &s, &mut &s).unwrap();
+                        s.shutdown(std::net::Shutdown::Write).unwrap();
+                        echoed
+                    })
+                })
+                .collect();
+            join_all(conns).into_iter().sum::<u64>()
+        })
+        .join()
+        .unwrap();
+    let m = rt.metrics();
+    println!(
+        "echo server report: {n} connections, {served} bytes, compensations {}, carriers_peak {}",
+        m.compensations, m.carriers_peak
+    );
+}
+
+/// Every client holds its connection until all `n` have theirs, or one failed.
+struct AllConnected {
+    state: vt::sync::Mutex<(usize, Option<String>)>,
+    cv: vt::sync::Condvar,
+}
+
+impl AllConnected {
+    /// Counts the caller in and waits for the rest; `Err` if a client failed.
+    fn arrive(&self, n: usize) -> Result<(), String> {
+        let mut g = self.state.lock().unwrap();
+        g.0 += 1;
+        if g.0 == n {
+            self.cv.notify_all();
+        }
+        let g = self.cv.wait_while(g, |(c, failed)| *c < n && failed.is_none()).unwrap();
+        g.1.as_ref().map_or(Ok(()), |_| Err("another client failed".into()))
+    }
+
+    /// Lets every waiting client go, to fail.
+    fn fail(&self, why: &str) {
+        self.state.lock().unwrap().1.get_or_insert_with(|| why.into());
+        self.cv.notify_all();
+    }
+}
+
+/// `n` client fibers on two carriers: the test's description. Fails with the first client's
+/// error, if any.
+fn echo_clients(addr: SocketAddr, n: usize) {
+    let rt = two_carriers();
+    // Connections the server may not have accepted yet: well under its backlog.
+    let somaxconn: usize = std::fs::read_to_string("/proc/sys/net/core/somaxconn")
+        .map_or(128, |s| s.trim().parse().unwrap_or(128));
+    let in_flight = Arc::new(vt::sync::Semaphore::new((somaxconn / 4).clamp(32, 1024)));
+    let all = Arc::new(AllConnected { state: vt::sync::Mutex::new((0, None)), cv: vt::sync::Condvar::new() });
+    let clients: Vec<_> = (0..n)
+        .map(|i| {
+            let (in_flight, all) = (in_flight.clone(), all.clone());
+            rt.spawn(move || {
+                let r = echo_client(addr, i, n, &in_flight, &all);
+                if let Err(e) = &r {
+                    all.fail(e);
+                }
+                r
+            })
+        })
+        .collect();
+    let results = join_all(clients);
+    if let Some(e) = results.iter().find_map(|r| r.as_ref().err().filter(|e| *e != "another client failed")) {
+        panic!("{e}");
+    }
+    assert_no_compensation(&rt);
+}
+
+fn echo_client(
+    addr: SocketAddr,
+    i: usize,
+    n: usize,
+    in_flight: &vt::sync::Semaphore,
+    all: &AllConnected,
+) -> Result<(), String> {
+    let err = |what: &'static str| move |e: io::Error| format!("client {i}: {what}: {e}");
+    let permit = in_flight.acquire();
+    let mut s = TcpStream::connect(addr).map_err(err("connect"))?;
+    let mut hello = [0u8; 1];
+    s.read_exact(&mut hello).map_err(err("greeting"))?;
+    if hello != *b"+" {
+        return Err(format!("client {i}: greeting {hello:?}"));
+    }
+    drop(permit);
+    all.arrive(n)?;
+    let msg: Vec<u8> = (0..echo_len(i)).map(|k| echo_byte(i, k)).collect();
+    s.write_all(&msg).map_err(err("write"))?;
+    s.shutdown(std::net::Shutdown::Write).map_err(err("shutdown"))?;
+    let mut back = vec![0u8; msg.len()];
+    s.read_exact(&mut back).map_err(err("reading the echo"))?;
+    if let Some(k) = (0..msg.len()).find(|&k| back[k] != msg[k]) {
+        return Err(format!("client {i}: echo byte {k} is {}, sent {}", back[k], msg[k]));
+    }
+    match s.read(&mut [0u8; 1]) {
+        Ok(0) => Ok(()),
+        Ok(_) => Err(format!("client {i}: more bytes after the echo")),
+        Err(e) => Err(format!("client {i}: waiting for the end of stream: {e}")),
+    }
+}
+
+/// A plain thread's blocking read that starts while a fiber's first hooked call on the same
+/// descriptor classifies it (switching it to non-blocking underneath) blocks until data comes,
+/// never returning `WouldBlock`. Each round: a fresh socket pair; a plain thread and a fiber
+/// released together, the thread reading the empty end after a delay that sweeps the fiber's
+/// classification (0 to 255 spins, by round), the fiber writing through that end (its write
+/// classifies it); then the test sends the byte the thread waits for. The window the ordering
+/// in `classify_now` closes lasts a fraction of a microsecond unless the carrier is preempted in
+/// it, so this catches it only by chance, and a wider one reliably (`arch/hooks.md`, "The switch
+/// and a plain thread"). `VT_CLASSIFY_ROUNDS` sets the rounds (500).
+#[test]
+fn a_plain_thread_reading_while_a_fiber_classifies_the_descriptor_still_blocks() {
+    let _one = serial();
+    let rt = two_carriers();
+    let rounds: usize = std::env::var("VT_CLASSIFY_ROUNDS").map_or(500, |r| r.parse().unwrap());
+    for round in 0..rounds {
+        let (a, mut b) = UnixStream::pair().unwrap();
+        let a = Arc::new(a);
+        let go = Arc::new(AtomicUsize::new(0));
+        // Released together: a spin, then yielding the CPU (on a loaded machine the other
+        // party may not be running at all).
+        let arrive = |go: &AtomicUsize| {
+            go.fetch_add(1, Ordering::AcqRel);
+            let mut spins = 0u32;
+            while go.load(Ordering::Acquire) < 2 {
+                spins += 1;
+                if spins < 1000 {
+                    std::hint::spin_loop();
+                } else {
+                    std::thread::yield_now();
+                }
+            }
+        };
+        let (a2, go2) = (a.clone(), go.clone());
+        let reader = std::thread::spawn(move || {
+            arrive(&go2);
+            for _ in 0..round % 256 {
+                std::hint::spin_loop();
+            }
+            let mut buf = [0u8; 1];
+            (&*a2).read(&mut buf).map(|k| (k, buf[0]))
+        });
+        let (a3, go3) = (a.clone(), go.clone());
+        rt.spawn(move || {
+            arrive(&go3);
+            (&*a3).write_all(b"x").unwrap();
+        })
+        .join()
+        .unwrap();
+        b.write_all(b"y").unwrap();
+        let got = reader.join().unwrap();
+        assert!(matches!(got, Ok((1, b'y'))), "round {round}: the plain thread's blocking read gave {got:?}");
+        let mut x = [0u8; 1];
+        b.read_exact(&mut x).unwrap();
+        assert_eq!(&x, b"x");
+    }
+}
+
+/// A fiber whose hooked wait the runtime's drop cut short (`ECANCELED`) and that calls again,
+/// as an accept loop that logs its errors and goes on does: each later call fails the same way
+/// at once. Passed through instead, the call waited in the kernel for ever on the thread that
+/// unwinds the fiber, and the drop never returned.
+#[test]
+fn a_fiber_that_calls_again_after_its_runtime_s_drop_cut_its_wait_lets_the_drop_finish() {
+    let _one = serial();
+    let rt = two_carriers();
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let (a, _b) = UnixStream::pair().unwrap();
+    let errors = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let (ready_tx, ready_rx) = vt::channel::bounded::<()>(2);
+    let (e1, r1) = (errors.clone(), ready_tx.clone());
+    rt.spawn(move || {
+        r1.send(()).unwrap();
+        for _ in 0..3 {
+            if let Err(e) = listener.accept() {
+                e1.lock().unwrap().push(("accept", e.raw_os_error()));
+            }
+        }
+    });
+    let e2 = errors.clone();
+    rt.spawn(move || {
+        ready_tx.send(()).unwrap();
+        for _ in 0..3 {
+            let mut p = libc::pollfd { fd: a.as_raw_fd(), events: libc::POLLIN, revents: 0 };
+            // SAFETY: one valid pollfd.
+            if unsafe { libc::poll(&mut p, 1, -1) } < 0 {
+                e2.lock().unwrap().push(("poll", io::Error::last_os_error().raw_os_error()));
+            }
+        }
+    });
+    for _ in 0..2 {
+        ready_rx.recv().unwrap();
+    }
+    let (done_tx, done_rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        drop(rt);
+        done_tx.send(()).unwrap();
+    });
+    done_rx
+        .recv_timeout(Duration::from_secs(60))
+        .expect("the runtime's drop did not finish: a hooked call after ECANCELED blocked it");
+    let mut got = errors.lock().unwrap().clone();
+    got.sort();
+    let cancelled = Some(libc::ECANCELED);
+    assert_eq!(got, [[("accept", cancelled); 3], [("poll", cancelled); 3]].concat());
 }

@@ -7,6 +7,11 @@
 //! flags; `--port 0` takes a free one and prints it); `benches/tests/examples.rs` tests it,
 //! and `benches/wrk.sh` runs wrk against it and its tokio twin, `http_server_tokio.rs`, which
 //! shares its HTTP code (`common/http.rs`).
+//!
+//! `--std` serves the same code with `std::net`'s listener and streams, unchanged, which park
+//! their fiber only when the library's `hooks` feature interposes libc (`arch/hooks.md`):
+//! `cargo run --release -p vt-bench --features hooks --example http_server -- --std`.
+//! `benches/wrk.sh` with `VT_STD=1` compares it with the `vt::net` server in one run.
 
 use std::io::{self, Read, Write};
 
@@ -27,9 +32,16 @@ fn main() {
             args::flag("--addr", "IP", "127.0.0.1", "address to listen on (0.0.0.0: every interface)"),
             args::flag("--carriers", "N", "", "carriers (default: one per usable CPU)"),
             args::flag("--no-pin", "", "", "leave carriers unpinned (`pin_carriers(false)`)"),
+            args::flag("--std", "", "", "std::net in place of vt::net (needs the `hooks` feature)"),
         ],
     );
     let (ip, port): (String, u16) = (a.value("--addr"), a.value("--port"));
+    let std_net = a.switch("--std");
+    if std_net && !cfg!(feature = "hooks") {
+        // Without the hooks every std::net call would hold its carrier: a server that would
+        // look like it works until its carriers run out.
+        a.fail("--std needs the `hooks` feature: cargo run -p vt-bench --features hooks --example http_server -- --std");
+    }
     // Left alone, carriers are pinned until the supervisor sees their CPU shared (wrk runs on
     // the same machine): `pin_carriers` only to force never.
     let mut builder = vt::Runtime::builder();
@@ -47,10 +59,18 @@ fn main() {
     let rt = builder.build().unwrap_or_else(|e| a.fail(&format!("cannot build the runtime: {e}")));
     let mut stop = Signals::new(&[Signal::INT, Signal::TERM]).unwrap_or_else(|e| a.fail(&e.to_string()));
     let sig = rt.block_on(|| {
-        let listener = vt::net::TcpListener::bind((ip.as_str(), port))
-            .unwrap_or_else(|e| a.fail(&format!("bind {ip}:{port}: {e}")));
-        println!("http_server listening on http://{} (Ctrl-C stops it)", listener.local_addr().unwrap());
-        vt::spawn(move || serve(listener));
+        let bind_failed = |e: io::Error| -> ! { a.fail(&format!("bind {ip}:{port}: {e}")) };
+        let (addr, server) = if std_net {
+            let listener =
+                std::net::TcpListener::bind((ip.as_str(), port)).unwrap_or_else(|e| bind_failed(e));
+            (listener.local_addr(), vt::spawn(move || serve_std(listener)))
+        } else {
+            let listener = vt::net::TcpListener::bind((ip.as_str(), port)).unwrap_or_else(|e| bind_failed(e));
+            (listener.local_addr(), vt::spawn(move || serve(listener)))
+        };
+        let net = if std_net { "std::net" } else { "vt::net" };
+        println!("http_server listening on http://{} ({net}; Ctrl-C stops it)", addr.unwrap());
+        drop(server);
         stop.wait()
     });
     println!("http_server: {sig}, stopping");
@@ -61,13 +81,7 @@ pub fn serve(listener: vt::net::TcpListener) {
     for conn in listener.incoming() {
         match conn {
             Ok(conn) => {
-                vt::spawn(move || {
-                    if let Err(e) = connection(conn) {
-                        if e.kind() == io::ErrorKind::InvalidData {
-                            eprintln!("http_server: {e}");
-                        }
-                    }
-                });
+                vt::spawn(move || report(conn.set_nodelay(true).and_then(|()| connection(conn))));
             }
             // EMFILE: this connection waits in the queue; the others go on.
             Err(e) => eprintln!("http_server: accept: {e}"),
@@ -75,9 +89,31 @@ pub fn serve(listener: vt::net::TcpListener) {
     }
 }
 
+/// `serve` with std's own types: the same code a thread-per-connection server would have.
+pub fn serve_std(listener: std::net::TcpListener) {
+    for conn in listener.incoming() {
+        match conn {
+            Ok(conn) => {
+                vt::spawn(move || report(conn.set_nodelay(true).and_then(|()| connection(conn))));
+            }
+            // A hooked call's answer when its fiber is stopped (the runtime is shutting down).
+            Err(e) if e.raw_os_error() == Some(libc::ECANCELED) => return,
+            Err(e) => eprintln!("http_server: accept: {e}"),
+        }
+    }
+}
+
+/// A connection's end: a client's malformed request is worth a line; its going away is not.
+fn report(end: io::Result<()>) {
+    if let Err(e) = end {
+        if e.kind() == io::ErrorKind::InvalidData {
+            eprintln!("http_server: {e}");
+        }
+    }
+}
+
 /// Serves one connection's requests, in order, until the client closes it or asks to.
-fn connection(mut conn: vt::net::TcpStream) -> io::Result<()> {
-    conn.set_nodelay(true)?;
+fn connection(mut conn: impl Read + Write) -> io::Result<()> {
     let mut buf = Vec::with_capacity(4096);
     let mut out = Vec::with_capacity(4096);
     loop {

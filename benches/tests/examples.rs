@@ -55,6 +55,17 @@ fn http_server_keeps_connections_alive_and_answers_pipelined_requests() {
     check_http_server(addr);
 }
 
+/// `--std`: the same server on std::net's own listener and streams, which the `hooks` feature
+/// parks (`arch/hooks.md`), answers alike.
+#[cfg(feature = "hooks")]
+#[test]
+fn http_server_on_std_net_answers_as_the_vt_one_does() {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    vt::spawn(move || http_server::serve_std(listener));
+    check_http_server(addr);
+}
+
 /// The tokio twin that `benches/wrk.sh` compares with answers byte for byte alike.
 #[test]
 fn http_server_tokio_answers_as_the_vt_one_does() {

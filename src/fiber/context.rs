@@ -82,7 +82,19 @@ pub(crate) struct PlainThread {
 /// caller's next switch point.
 #[inline(never)]
 pub(crate) fn carrier() -> *const CarrierState {
-    std::hint::black_box(CARRIER.with(Cell::get))
+    opaque(CARRIER.with(Cell::get))
+}
+
+/// `p`, through a barrier the optimiser cannot see through, so that an accessor's result is
+/// never taken for the same across two calls. What `std::hint::black_box` gave the accessors,
+/// without its store to the stack and load back, on `carrier`'s calls from every spawn and
+/// every record's recycling (`arch/performance.md`).
+#[inline(always)]
+fn opaque<T>(mut p: *const T) -> *const T {
+    // SAFETY: a template of a comment only: it tells the compiler that `p` and memory may have
+    // changed, which costs no instruction and does nothing.
+    unsafe { std::arch::asm!("/* {0} */", inout(reg) p, options(nostack, preserves_flags)) };
+    p
 }
 
 /// Registers this thread's carrier and the `Running` cell in it (both null: none).
@@ -122,13 +134,13 @@ pub(crate) fn forget_carrier_after_fork() {
 /// Whether `me` is the fiber that called `fork` in this (child) process.
 #[inline(never)]
 pub(crate) fn is_forked_fiber(me: *const FiberRecord) -> bool {
-    std::ptr::eq(std::hint::black_box(FORKED.with(Cell::get)), me)
+    std::ptr::eq(opaque(FORKED.with(Cell::get)), me)
 }
 
 /// The fiber being unwound by a runtime's drop on this thread, or null.
 #[inline(never)]
 pub(crate) fn cancelling() -> *const FiberRecord {
-    std::hint::black_box(CANCELLING.with(Cell::get))
+    opaque(CANCELLING.with(Cell::get))
 }
 
 pub(crate) fn set_cancelling(f: *const FiberRecord) {

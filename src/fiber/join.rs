@@ -127,24 +127,35 @@ fn detach(join: &impl JoinWord) -> bool {
     join.swap(DETACHED, Ordering::AcqRel) == DONE
 }
 
-/// Step 1 (the fiber's side), after it stored its result in the stage. Called once.
+/// Step 1 (the fiber's side), after it stored its result in the stage. Called once. Inlined
+/// into the end of a fiber's run: when the handle keeps the result, the swap is all it does, and
+/// a frame of its own around that swap cost a call, two saved registers and a return per fiber
+/// (`arch/performance.md`); the two other outcomes are calls.
+#[inline(always)]
 pub(crate) fn complete(rec: &FiberRecord) {
     match publish_result(&rec.join) {
-        Completion::WakeJoiner => {
-            // SAFETY: WAITING means the joiner stored its handle before its Release CAS, which
-            // our Acquire swap observed; the joiner does not touch it again until DONE.
-            if let Some(w) = unsafe { (*rec.waiter.get()).take() } {
-                w.unpark_joiner();
-            }
-        }
-        Completion::DropResult => {
-            // Nobody will join: the result is ours to drop.
-            // SAFETY: the stage holds this fiber's result; the handle is gone.
-            let panicked = unsafe { (rec.vtable.get().drop_result)(rec) };
-            scope_done(rec, panicked);
-        }
+        Completion::WakeJoiner => wake_joiner(rec),
+        Completion::DropResult => drop_unjoined_result(rec),
         Completion::Kept => {}
     }
+}
+
+/// `complete` found the joiner waiting.
+#[inline(never)]
+fn wake_joiner(rec: &FiberRecord) {
+    // SAFETY: WAITING means the joiner stored its handle before its Release CAS, which our
+    // Acquire swap observed; the joiner does not touch it again until DONE.
+    if let Some(w) = unsafe { (*rec.waiter.get()).take() } {
+        w.unpark_joiner();
+    }
+}
+
+/// `complete` found the handle gone: nobody will join, the result is ours to drop.
+#[inline(never)]
+fn drop_unjoined_result(rec: &FiberRecord) {
+    // SAFETY: the stage holds this fiber's result; the handle is gone.
+    let panicked = unsafe { (rec.vtable.get().drop_result)(rec) };
+    scope_done(rec, panicked);
 }
 
 /// The result was taken or dropped: tell the scope (once; the caller is the only party).
@@ -199,6 +210,13 @@ impl<T> JoinHandle<T> {
         let r = unsafe { rec.take_stage::<thread::Result<T>>() };
         mark_taken(&rec.join);
         scope_done(rec, false);
+        // With the result taken, the handle's drop would only read `TAKEN` and return: skip
+        // it (a call and the join word's load per join), and release the fiber reference
+        // alone. Not earlier: a join unwound while it waits needs that drop to detach.
+        let this = std::mem::ManuallyDrop::new(self);
+        // SAFETY: `this` is neither used nor dropped again, so its fiber reference moves out
+        // once.
+        drop(unsafe { std::ptr::read(&this.fiber) });
         r
     }
 

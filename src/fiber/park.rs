@@ -161,9 +161,7 @@ fn park_plain(rec: &FiberRecord, cancelling: bool, reason: WaitReason, deadline:
 #[inline(always)]
 fn park_switch(rec: &FiberRecord, reason: WaitReason, deadline: Option<Instant>) -> bool {
     rec.wait.store(reason.code() | if deadline.is_some() { WAIT_TIMED } else { 0 }, Ordering::Relaxed);
-    if let Some(now) = rec.runtime().stamp() {
-        rec.since.store(now, Ordering::Relaxed);
-    }
+    rec.since.store(rec.runtime().stamp(), Ordering::Relaxed);
     let armed = deadline.map(|d| RuntimeRef::arm_timer(rec, d));
     rec.suspend(Suspend::Park);
     // Disarm, unless the timer fired: the timer and this fiber race to move the generation on

@@ -81,8 +81,8 @@ pub(crate) trait Schedule {
     /// fiber of the runtime meanwhile. False when there was none to unwind.
     fn cancel_one(&self) -> bool;
 
-    /// The runtime's coarse clock, when it stamps fibers' states for dumps (else `None`).
-    fn stamp(&self) -> Option<u64>;
+    /// The runtime's coarse clock, which stamps fibers' states for dumps (0 when it does not).
+    fn stamp(&self) -> u64;
 
     /// `rec`, running on this thread, panicked (the panic hook): the execution trace notes it.
     fn panicked(rec: &FiberRecord);

@@ -98,8 +98,12 @@ fn map_chunk(slot: &AtomicPtr<AtomicUsize>) -> Option<*mut AtomicUsize> {
 /// The flags of `fd` now (0 if untracked), without classifying it.
 #[inline]
 pub(super) fn flags(fd: c_int) -> usize {
-    // Acquire pairs with `unlock`'s Release: a classified entry's flags are what its
-    // classification did to the descriptor.
+    // A caller whose call just failed with `EAGAIN` read the kernel's non-blocking mode in that
+    // call; this fence orders that read before the entry's, and pairs with the fence
+    // `classify_now` puts between publishing `POLLABLE` and switching the mode, so a caller
+    // that saw the switched mode sees `POLLABLE` (`arch/hooks.md`, "The switch and a plain
+    // thread"). No instruction on x86-64; the load's Acquire pairs with `unlock`'s Release.
+    std::sync::atomic::fence(Ordering::Acquire);
     entry(fd, false).map_or(0, |e| e.load(Ordering::Acquire) & FLAGS)
 }
 
@@ -134,12 +138,13 @@ pub(super) fn classify(fd: c_int) -> usize {
         unlock(e, w);
         return w & FLAGS;
     }
-    let flags = classify_now(fd);
+    let flags = classify_now(fd, e, w);
     unlock(e, w | flags);
     flags
 }
 
-fn classify_now(fd: c_int) -> usize {
+/// Classifies `fd`, whose entry `e` the caller holds locked (`w`: the word it locked).
+fn classify_now(fd: c_int, e: &AtomicUsize, w: usize) -> usize {
     if fd <= 2 {
         return KNOWN;
     }
@@ -164,8 +169,18 @@ fn classify_now(fd: c_int) -> usize {
     if fl & libc::O_NONBLOCK != 0 {
         return KNOWN | kind | USER_NONBLOCK;
     }
+    // The table says `POLLABLE` before the kernel's mode changes: a plain thread whose call
+    // says `EAGAIN` because of the switch must find it, or it would hand that `EAGAIN` to a user
+    // who asked to block (`io.rs`, `passed_failed`). Without `KNOWN`, and under the lock, so no
+    // fiber acts on the entry before the unlock. The Release fence orders the store before
+    // every later store, the kernel's store of the mode among them (a store the memory model
+    // does not see, so a fence rather than a Release store, which orders only what precedes
+    // it); it pairs with the Acquire fence in `flags`.
+    e.store(w | LOCKED | kind, Ordering::Relaxed);
+    std::sync::atomic::fence(Ordering::Release);
     // SAFETY: as above.
     if unsafe { real::fcntl(fd, libc::F_SETFL, (fl | libc::O_NONBLOCK) as c_long) } < 0 {
+        // Not switched: the unlock takes `POLLABLE` back.
         return KNOWN;
     }
     KNOWN | kind

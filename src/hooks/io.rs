@@ -58,7 +58,8 @@ fn blocking(
 
 /// A passed-through call failed: if with `EAGAIN` on a descriptor the hooks made non-blocking
 /// under a user who left it blocking, the caller must still block (`thread_wait`); otherwise the
-/// failure is the caller's, `errno` untouched. Only here does a plain thread read the table: a
+/// failure is the caller's, `errno` untouched (a fiber that the runtime's drop is unwinding gets
+/// `ECANCELED`, as its parked call did). Only here does a plain thread read the table: a
 /// descriptor of the user's blocking mode says `EAGAIN` only if the hooks switched it, or its
 /// socket timeout ran out (then the table says it was not switched).
 #[cold]
@@ -71,6 +72,12 @@ fn passed_failed(fd: c_int, dir: Direction, t: TimeoutErr, call: impl FnMut() ->
     let f = fd::flags(fd);
     if f & POLLABLE == 0 || f & USER_NONBLOCK != 0 {
         return -1;
+    }
+    if gate() == Gate::Cancelling {
+        // A fiber that the runtime's drop is unwinding, called again after the `ECANCELED`
+        // that ended its wait (an accept loop that goes on after an error): nothing will run
+        // it again, and a wait in `poll(2)` here would hold the drop for ever.
+        return fail(libc::ECANCELED);
     }
     thread_wait(fd, f, dir, t, call)
 }

@@ -17,9 +17,11 @@ use crate::fiber::wait::WaitReason;
 use crate::platform::net::Direction;
 use crate::scheduler::reactor::registration::{Learnt, Registration, Wait};
 
-/// Whether a call with this timeout parks (a fiber, and not a zero timeout).
+/// Whether a call with this timeout parks (a fiber, and not a zero timeout). A fiber that the
+/// runtime's drop is unwinding takes the same path, which `wait_on` ends with `ECANCELED`
+/// after the zero-timeout try: passed through, its wait would hold the drop for ever.
 fn parks(zero: bool) -> bool {
-    !zero && !real::in_fork_child() && gate() == Gate::Park
+    !zero && !real::in_fork_child() && gate() != Gate::Pass
 }
 
 /// The deadline of a `poll`-style millisecond timeout (negative: none).
@@ -36,6 +38,10 @@ fn wait_on(
     mut check: impl FnMut() -> c_int,
     block: impl FnOnce() -> c_int,
 ) -> c_int {
+    if gate() == Gate::Cancelling {
+        set_errno(libc::ECANCELED);
+        return -1;
+    }
     let c = crate::scheduler::carrier::here();
     if c.is_null() {
         return block();

@@ -122,10 +122,22 @@ impl Injector {
             let Some(first) = q.pop_front() else { continue };
             // Pointer copies into our own deque: short enough to do under the lock.
             let n = (q.len() + 1).div_ceil(2).min(STEAL_BATCH).min(room + 1) - 1;
-            // `n` fits in `local`, so the drain is used up (what it left would be dropped).
-            let rest = local.extend(q.drain(..n));
-            debug_assert_eq!(rest.len(), 0);
-            drop(rest);
+            // Read from the ring's two slices, not through `drain`, whose every step reloaded
+            // the ring's fields (the deque's stores are atomic, so they might have changed):
+            // the front `n` are copied into `local`, which owns them from then on, and then
+            // leave the ring without being dropped. One `extend` per slice: a chain of the two
+            // cost a test of which one it was in per fiber.
+            let (a, b) = q.as_slices();
+            let k = n.min(a.len());
+            for part in [&a[..k], &b[..n - k]] {
+                // SAFETY: each of the first `n` entries is read once here, and `forget` below
+                // takes it out of the ring without a drop, so each reference has one owner:
+                // `local`.
+                let rest = local.extend(part.iter().map(|f| unsafe { std::ptr::read(f) }));
+                // `n` fits in `local`, so every copy went in (one left over would be lost).
+                debug_assert_eq!(rest.len(), 0);
+            }
+            q.drain(..n).for_each(std::mem::forget);
             s.settle(&mut q);
             return Some(first);
         }
@@ -304,6 +316,38 @@ mod tests {
             (KEEP_CAPACITY..2 * KEEP_CAPACITY).contains(&cap),
             "capacity {cap} after draining; kept: {KEEP_CAPACITY}"
         );
+    }
+
+    /// A steal from a shard whose ring wraps past its end copies both parts in order, and each
+    /// reference moves once: none released by the steal, none left behind in the shard.
+    #[test]
+    fn a_steal_across_the_rings_end_keeps_the_order_and_moves_each_reference_once() {
+        let runtime = runtime();
+        let rt = runtime.handle().runtime().clone();
+        let inj = Injector::new(1);
+        let (local, _) = crate::scheduler::queue::run_queue::new(256);
+        let first = fibers(&rt, 8);
+        let mut order = ptrs(&first);
+        inj.push_batch(0, &mut first.into_iter().collect());
+        // Take the front half, then fill the ring to its capacity: the back now wraps.
+        let mut got = vec![inj.steal_into(0, &local).unwrap()];
+        got.extend(std::iter::from_fn(|| local.pop()));
+        assert_eq!(got.len(), 4);
+        let cap = inj.shards[0].lock().capacity();
+        let more = fibers(&rt, cap - 4);
+        order.extend(ptrs(&more));
+        inj.push_batch(0, &mut more.into_iter().collect());
+        assert!(!inj.shards[0].lock().as_slices().1.is_empty(), "the ring wraps");
+        let pool = pooled(&rt);
+        while let Some(f) = inj.steal_into(0, &local) {
+            got.push(f);
+            got.extend(std::iter::from_fn(|| local.pop()));
+            assert_eq!(pooled(&rt), pool, "a steal released a reference");
+        }
+        assert_eq!(ptrs(&got), order);
+        assert!(inj.is_empty() && inj.shards[0].lock().is_empty());
+        drop(got);
+        assert_eq!(pooled(&rt), pool + order.len(), "a reference was lost or kept twice");
     }
 
     /// Dropping an injector that still holds fibers gives back each reference exactly once:

@@ -199,15 +199,17 @@ pub(crate) struct RemoteStats {
 /// one load of a line that is written ~100 times a second, not a clock read.
 pub(crate) struct Clock {
     ns: AtomicU64,
-    /// `config.fiber_roots`, beside the clock so a stamp reads one line.
+    /// `config.fiber_roots`: whether anything advances `ns`.
     pub(crate) on: bool,
 }
 
 impl Clock {
-    /// The clock when roots are on, else 0 (callers skip the store then).
+    /// The clock, which reads 0 while roots are off: nothing advances it then (every writer
+    /// tests `on` first), so a stamp is one load without a test of `on`, and a fiber stamped
+    /// with it keeps the 0 it was spawned with.
     #[inline]
-    pub(crate) fn stamp(&self) -> Option<u64> {
-        self.on.then(|| self.ns.load(Ordering::Relaxed))
+    pub(crate) fn stamp(&self) -> u64 {
+        self.ns.load(Ordering::Relaxed)
     }
 }
 
@@ -310,7 +312,7 @@ impl Shared {
     /// The coarse clock, to stamp a new fiber's state with; 0 when fiber roots are off.
     #[inline]
     pub(crate) fn stamp(&self) -> u64 {
-        self.clock.stamp().unwrap_or(0)
+        self.clock.stamp()
     }
 
     /// Whether the runtime's drop has begun (`begin_shutdown`). SeqCst, against that store:

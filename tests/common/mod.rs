@@ -43,3 +43,12 @@ pub fn child_output(out: &Output, marker: &str) -> (String, String) {
     );
     (stdout.into_owned(), stderr.into_owned())
 }
+
+/// The supervisor interval for tests that assert no carrier was added: `default_ms`, or
+/// `VT_TEST_SUPERVISOR_MS` when set (`.ci/valgrind` sets it: under valgrind one thread runs at
+/// a time, and a carrier waiting its turn for long looks blocked to the supervisor).
+pub fn supervisor_interval(default_ms: u64) -> Duration {
+    let ms = std::env::var("VT_TEST_SUPERVISOR_MS")
+        .map_or(default_ms, |v| v.parse().expect("VT_TEST_SUPERVISOR_MS: a number of milliseconds"));
+    Duration::from_millis(ms)
+}

@@ -28,9 +28,7 @@ impl Carrier {
         if wake != Wake::Timer {
             bump(&stats.unparks, 1);
         }
-        if let Some(now) = self.rt.clock.stamp() {
-            f.since.store(now, Ordering::Relaxed);
-        }
+        f.since.store(self.rt.clock.stamp(), Ordering::Relaxed);
         let home = f.home.load(Ordering::Relaxed);
         if home != NO_HOME && home != self.index {
             self.rt.push_inbox(home, f);

@@ -10,6 +10,9 @@ impl Carrier {
     /// the fibers it hands over to, without going back through the loop.
     #[inline(always)]
     pub(super) fn run_fiber(&self, mut f: FiberRef) {
+        // Only the first: a fiber a yield hands over was the queue's front at the switch
+        // before, whose `prefetch_ahead` already fetched its stack lines.
+        prefetch_stack(&f);
         loop {
             debug_assert!({
                 let home = f.home.load(Ordering::Relaxed);
@@ -28,32 +31,21 @@ impl Carrier {
         }
     }
 
-    /// Starts the loads that this switch and the next two will wait on, so that they overlap
-    /// the bookkeeping and the fibers' runs instead of forming a chain of misses (queue entry →
-    /// record → saved stack pointer → the stack line a resume pops registers from): this
-    /// fiber's stack lines, the next queued fiber's (its record was prefetched one switch ago),
-    /// and the record of the one after it. Two stack lines each: the resume pops the saved
-    /// registers around `parked_sp`, then returns through the frames just above it, and where
-    /// the fiber's frames happen to straddle a line the second was a miss on every switch
-    /// (`arch/performance.md`, the finding on a fiber's frames against the resume's prefetch).
+    /// Starts the loads that the next two switches will wait on, so that they overlap the
+    /// bookkeeping and the fibers' runs instead of forming a chain of misses (queue entry →
+    /// record → saved stack pointer → the stack line a resume pops registers from): the next
+    /// queued fiber's stack lines (its record was prefetched one switch ago) and the record of
+    /// the one after it. This fiber's own stack lines were fetched as the next one's a switch
+    /// ago, or by `run_fiber` when it came from elsewhere.
     #[inline]
-    pub(super) fn prefetch_ahead(&self, f: &FiberRecord) {
+    pub(super) fn prefetch_ahead(&self) {
         use crate::platform::prefetch;
-        let sp = f.parked_sp.load(Ordering::Relaxed);
-        if sp != 0 {
-            prefetch(sp);
-            prefetch(sp + 64);
-        }
         let (next, after) = self.peek_next_two();
         if next != 0 {
             // SAFETY: a run-queue slot only ever holds a record pointer this carrier pushed, and
             // records are freed only when the runtime is dropped, so even a stale one (taken by
-            // a thief meanwhile) is live memory; `parked_sp` is atomic, and only a hint here.
-            let sp = unsafe { &*(next as *const FiberRecord) }.parked_sp.load(Ordering::Relaxed);
-            if sp != 0 {
-                prefetch(sp);
-                prefetch(sp + 64);
-            }
+            // a thief meanwhile) is live memory.
+            prefetch_stack(unsafe { &*(next as *const FiberRecord) });
         }
         if after != 0 {
             prefetch(after);
@@ -76,7 +68,7 @@ impl Carrier {
     /// Runs a claimed fiber until it switches out; returns the fiber to run next when a yield
     /// chose it (`yield_at_home`).
     pub(super) fn run_claimed(&self, mut f: FiberRef) -> Option<FiberRef> {
-        self.prefetch_ahead(&f);
+        self.prefetch_ahead();
         let slot = self.slot();
         self.current.set(FiberRef::as_ptr(&f));
         if !f.started.get() {
@@ -120,9 +112,7 @@ impl Carrier {
             _ => slot.location.store(f.spawned_at() as *const _ as *mut _, Ordering::Release),
         }
         f.carrier.store(self.index as u32, Ordering::Relaxed);
-        if let Some(now) = self.rt.clock.stamp() {
-            f.since.store(now, Ordering::Relaxed);
-        }
+        f.since.store(self.rt.clock.stamp(), Ordering::Relaxed);
         // The fiber body catches every panic itself; one escaping a resume is a runtime bug,
         // and unwinding on could drop a half-switched fiber's record. A guard rather than
         // `catch_unwind`: that costs a call and register spills around every resume, the guard
@@ -316,5 +306,20 @@ impl Carrier {
         self.give_coroutine(co, f.class());
         bump(&self.slot().stats.finished, 1);
         f.set_done();
+    }
+}
+
+/// Starts loading the stack lines a resume of `f` will touch first. Two lines: the resume pops
+/// the saved registers around `parked_sp`, then returns through the frames just above it, and
+/// where the fiber's frames happen to straddle a line the second was a miss on every switch
+/// (`arch/performance.md`, the finding on a fiber's frames against the resume's prefetch).
+#[inline(always)]
+fn prefetch_stack(f: &FiberRecord) {
+    use crate::platform::prefetch;
+    // Atomic, and only a hint here: a stale value costs a useless prefetch.
+    let sp = f.parked_sp.load(Ordering::Relaxed);
+    if sp != 0 {
+        prefetch(sp);
+        prefetch(sp + 64);
     }
 }

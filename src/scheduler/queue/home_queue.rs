@@ -1,73 +1,93 @@
 //! A carrier's home queue: the started fibers at home on it that are runnable, oldest first,
 //! each with a mark (the deque's push count when it was queued; see `Carrier::home_pop`).
 //!
-//! Private to its carrier (no atomics): a ring of a power-of-two size indexed by two counters
-//! that never wrap on a 64-bit target, so a slot is `i & mask`, a length is `tail - head`, and
-//! neither a push nor a pop checks for a wrap. It grows (doubles, out of line) when full and
-//! never shrinks, so a steady state allocates nothing. Not a `VecDeque`: its index arithmetic
-//! for an arbitrary capacity (a compare and a conditional move per access) and its growth check
-//! on every push would sit on every yield (`arch/performance.md`).
+//! Private to its carrier (no atomics): a ring of a power-of-two size, with the front's
+//! position (`head`, which never wraps on a 64-bit target) and the length, so a slot is
+//! `i & mask` and neither a push nor a pop checks for a wrap. The length, not a tail counter:
+//! a yield's round trip (`push_pop_due`) leaves it as it was and moves only the head, and the
+//! prefetch's peek reads it as it is. Positions, lengths and the mask count bytes, not entries
+//! (an entry's size is a power of two), so an index is a mask and an add, with no scaling
+//! shift. It grows (doubles, out of line) when full and never shrinks, so a steady state
+//! allocates nothing. Not a `VecDeque`: its index arithmetic for an arbitrary capacity (a
+//! compare and a conditional move per access) and its growth check on every push would sit on
+//! every yield (`arch/performance.md`).
 //! See `arch/scheduler.md`.
 
-use std::mem::MaybeUninit;
+use std::mem::{MaybeUninit, size_of};
 
 pub(crate) struct HomeQueue<T> {
-    /// `slots.len()` is a power of two; `[head, tail)` are the live entries.
+    /// `slots.len()` is a power of two; the live entries are the `len` bytes from `head` on.
     slots: Box<[MaybeUninit<(T, usize)>]>,
+    /// The ring's size in bytes, less one.
+    mask: usize,
+    /// Bytes: the entries ever taken from the front, times the entry size.
     head: usize,
-    tail: usize,
+    /// Bytes: the entries queued, times the entry size.
+    len: usize,
 }
 
 impl<T> HomeQueue<T> {
+    /// An entry's size, a power of two (checked when a queue is made), so that a byte
+    /// position masked with `mask` is a whole entry's offset inside the ring.
+    const SIZE: usize = size_of::<(T, usize)>();
+
     /// An empty queue with room for `capacity` entries (rounded up to a power of two).
     pub(crate) fn with_capacity(capacity: usize) -> Self {
+        const { assert!(Self::SIZE.is_power_of_two()) };
         let n = capacity.max(2).next_power_of_two();
-        HomeQueue { slots: (0..n).map(|_| MaybeUninit::uninit()).collect(), head: 0, tail: 0 }
+        HomeQueue {
+            slots: (0..n).map(|_| MaybeUninit::uninit()).collect(),
+            mask: n * Self::SIZE - 1,
+            head: 0,
+            len: 0,
+        }
+    }
+
+    /// The slot at byte position `at` (any multiple of the entry size: it wraps).
+    #[inline(always)]
+    fn slot(&mut self, at: usize) -> *mut (T, usize) {
+        // SAFETY: `at` is a multiple of `SIZE` (positions move by whole entries), so `at & mask`
+        // is one too (`mask + 1` is a multiple of `SIZE`, both powers of two) and below the
+        // ring's size in bytes: the start of a slot of `slots`.
+        unsafe { self.slots.as_mut_ptr().cast::<u8>().add(at & self.mask).cast() }
     }
 
     #[inline(always)]
-    fn slot(&mut self, i: usize) -> *mut (T, usize) {
-        let m = self.slots.len() - 1;
-        // SAFETY: `i & m < slots.len()`, a power of two.
-        unsafe { self.slots.get_unchecked_mut(i & m).as_mut_ptr() }
-    }
-
-    #[inline(always)]
-    fn slot_ref(&self, i: usize) -> *const (T, usize) {
-        let m = self.slots.len() - 1;
+    fn slot_ref(&self, at: usize) -> *const (T, usize) {
         // SAFETY: as in `slot`.
-        unsafe { self.slots.get_unchecked(i & m).as_ptr() }
+        unsafe { self.slots.as_ptr().cast::<u8>().add(at & self.mask).cast() }
     }
 
     #[inline(always)]
     pub(crate) fn len(&self) -> usize {
-        self.tail - self.head
+        self.len / Self::SIZE
     }
 
     /// Queues `v` at the back with its `mark`.
     #[inline(always)]
     pub(crate) fn push_back(&mut self, v: T, mark: usize) {
-        if self.len() == self.slots.len() {
+        if self.len > self.mask {
             self.grow();
         }
-        let t = self.tail;
-        // SAFETY: the slot is outside `[head, tail)` (the queue is not full): it holds nothing.
-        unsafe { self.slot(t).write((v, mark)) };
-        self.tail = t + 1;
+        let (h, n) = (self.head, self.len);
+        // SAFETY: the slot after the live entries holds nothing (the queue is not full).
+        unsafe { self.slot(h + n).write((v, mark)) };
+        self.len = n + Self::SIZE;
     }
 
     /// The oldest entry, if its mark is at most `taken` (`due`), or in any case.
     #[inline(always)]
     pub(crate) fn pop_front(&mut self, due: Option<usize>) -> Option<T> {
-        let h = self.head;
-        if h == self.tail {
+        if self.len == 0 {
             return None;
         }
-        // SAFETY: `h` is in `[head, tail)`: a live entry.
+        let h = self.head;
+        // SAFETY: `h` is the front, a live entry.
         if due.is_some_and(|taken| unsafe { (*self.slot_ref(h)).1 } > taken) {
             return None;
         }
-        self.head = h + 1;
+        self.head = h + Self::SIZE;
+        self.len -= Self::SIZE;
         // SAFETY: as above; the entry leaves the queue (the head moved past it), read once.
         Some(unsafe { self.slot(h).read().0 })
     }
@@ -77,23 +97,23 @@ impl<T> HomeQueue<T> {
     /// is needed (a yield's round trip when the yielder goes behind fibers already queued).
     #[inline(always)]
     pub(crate) fn push_pop_due(&mut self, v: T, mark: usize, taken: usize) -> Option<T> {
-        let (h, t) = (self.head, self.tail);
-        if h == t {
+        let (h, n) = (self.head, self.len);
+        if n == 0 {
             // `v` would be the front.
             if mark <= taken {
                 return Some(v);
             }
         } else {
             let front = self.slot(h);
-            // SAFETY: `h` is in `[head, tail)`: a live entry.
+            // SAFETY: `h` is the front, a live entry.
             if unsafe { (*front).1 } <= taken {
                 // SAFETY: a live entry, leaving the queue (the head moves past it below).
                 let (next, _) = unsafe { front.read() };
-                // SAFETY: the slot at `t` is outside `[head, tail)`, or, when the queue is full,
-                // the front's slot (`t & mask == h & mask`), read just above: free either way.
-                unsafe { self.slot(t).write((v, mark)) };
-                self.head = h + 1;
-                self.tail = t + 1;
+                // SAFETY: the slot after the live entries holds nothing, or, when the queue is
+                // full, it is the front's slot (`(h + n) & mask == h & mask`), read just
+                // above: free either way.
+                unsafe { self.slot(h + n).write((v, mark)) };
+                self.head = h + Self::SIZE;
                 return Some(next);
             }
         }
@@ -104,13 +124,14 @@ impl<T> HomeQueue<T> {
     /// The oldest two entries, for a prefetch.
     #[inline(always)]
     pub(crate) fn peek_two(&self) -> (Option<&T>, Option<&T>) {
-        let (h, n) = (self.head, self.len());
-        // SAFETY: entries in `[head, tail)` are live; the references borrow `self`.
+        let h = self.head;
+        // SAFETY: the `len` bytes of entries from `head` on are live; the references borrow
+        // `self`.
         let at = |i: usize| unsafe { &(*self.slot_ref(i)).0 };
-        match n {
+        match self.len {
             0 => (None, None),
-            1 => (Some(at(h)), None),
-            _ => (Some(at(h)), Some(at(h + 1))),
+            n if n == Self::SIZE => (Some(at(h)), None),
+            _ => (Some(at(h)), Some(at(h + Self::SIZE))),
         }
     }
 
@@ -120,14 +141,14 @@ impl<T> HomeQueue<T> {
     fn grow(&mut self) {
         let n = self.slots.len();
         let mut bigger: Box<[MaybeUninit<(T, usize)>]> = (0..2 * n).map(|_| MaybeUninit::uninit()).collect();
-        for (k, i) in (self.head..self.tail).enumerate() {
+        for k in 0..self.len() {
             // SAFETY: a live entry, moved once into the new ring's slot `k` (in bounds: the old
             // ring held at most `n` of them).
-            unsafe { bigger[k].write(self.slot(i).read()) };
+            unsafe { bigger[k].write(self.slot(self.head + k * Self::SIZE).read()) };
         }
-        self.tail -= self.head;
         self.head = 0;
         self.slots = bigger;
+        self.mask = 2 * n * Self::SIZE - 1;
     }
 }
 

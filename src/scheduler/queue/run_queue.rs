@@ -162,9 +162,12 @@ impl<T: Entry> Local<T> {
             }
         }
         let n = t.wrapping_sub(h).min(max);
+        // In locals, as in `extend`.
+        let (slots, mask) = (&*r.slots, r.mask);
         out.extend((0..n).map(|i| {
-            // SAFETY: as in `pop`, for each of the `n` slots the CAS claimed.
-            unsafe { T::from_word(r.slot(h.wrapping_add(i)).load(Ordering::Relaxed)) }
+            // SAFETY: `i & mask` is in bounds, as in `Ring::slot`; as in `pop`, for each of the
+            // `n` slots the CAS claimed.
+            unsafe { T::from_word(slots.get_unchecked(h.wrapping_add(i) & mask).load(Ordering::Relaxed)) }
         }));
     }
 
@@ -174,10 +177,14 @@ impl<T: Entry> Local<T> {
         let r = &*self.ring;
         let t0 = r.tail.load(Ordering::Relaxed);
         let room = self.free();
+        // In locals: the slots are atomics, so the compiler cannot tell a store to one from a
+        // write to the ring's own fields, and reloaded both for every entry.
+        let (slots, mask) = (&*r.slots, r.mask);
         let mut items = items;
         let mut t = t0;
         for v in items.by_ref().take(room) {
-            r.slot(t).store(v.into_word(), Ordering::Relaxed);
+            // SAFETY: `slots.len() == mask + 1`, as in `Ring::slot`.
+            unsafe { slots.get_unchecked(t & mask) }.store(v.into_word(), Ordering::Relaxed);
             t = t.wrapping_add(1);
         }
         if t != t0 {

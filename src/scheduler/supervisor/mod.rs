@@ -258,22 +258,29 @@ fn sample(
     w.taken = taken;
     if !w.blocked && w.stalled >= STALL_SAMPLES {
         let stat = thread_stat(slot.tid.load(Ordering::Relaxed));
-        let in_kernel = stat.is_some_and(|s| matches!(s.state, b'S' | b'D'));
+        // Asleep in the kernel now, and (where `schedstat` was read) for most of the window: a
+        // fiber that computes without a switch on a loaded machine, descheduled for most of the
+        // window and caught in a short wait (a page fault, a lock of the kernel's or the
+        // runtime's), is not blocked; one that blocks is caught a window later at most.
+        let in_kernel = stat.is_some_and(|s| matches!(s.state, b'S' | b'D')) && off_cpu != Some(false);
         if w.stalled == 1 {
             w.cpu_at_stall = stat.map(|s| s.cpu_ticks);
             w.steal_at_stall = stat.and_then(|s| s.processor).and_then(|c| steal_ticks(c).map(|t| (c, t)));
         }
         // Fibers wait behind a fiber that hogs its carrier only if nobody else can take them:
         // the LIFO slot, the home queue and the inbox (fibers at home there) are its alone, the
-        // deque is stealable.
-        let behind = w.untaken >= WAIT_SAMPLES
-            || !slot.lifo.load(Ordering::Relaxed).is_null()
-            || slot.home_len.load(Ordering::Relaxed) > 0
-            || slot.inbox.maybe_nonempty();
+        // deque is stealable. A spare can take the deque's that nobody took and the LIFO slot's
+        // (`find_work` takes a caught carrier's); fibers at home there can only wait for it
+        // (`decisions/0003-home-carriers.md`), so for them alone the hog is reported but no
+        // carrier is started that none of them could use.
+        let takeable = w.untaken >= WAIT_SAMPLES || !slot.lifo.load(Ordering::Relaxed).is_null();
+        let behind = takeable || slot.home_len.load(Ordering::Relaxed) > 0 || slot.inbox.maybe_nonempty();
         // Or fibers starve in the injector, behind every carrier at once.
         let waiting = behind || *starved > 0;
-        let hogging = !in_kernel && w.stalled >= CPU_STALL_SAMPLES && waiting;
-        if hogging && !behind {
+        let long = !in_kernel && w.stalled >= CPU_STALL_SAMPLES;
+        let hogging = long && waiting;
+        let spare_helps = long && (takeable || *starved > 0);
+        if spare_helps && !takeable {
             *starved -= 1;
             w.for_injector = true;
         }
@@ -294,7 +301,7 @@ fn sample(
                 );
             }
         }
-        if in_kernel || hogging {
+        if in_kernel || spare_helps {
             w.blocked = true;
             rt.blocked.fetch_add(1, Ordering::AcqRel);
             rt.detections.fetch_add(1, Ordering::Relaxed);
