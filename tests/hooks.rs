@@ -358,6 +358,42 @@ fn a_plain_thread_and_fibers_share_a_std_mutex_and_condvar() {
     assert_eq!(*state.0.lock().unwrap(), 10_000);
 }
 
+#[test]
+#[cfg(feature = "hooks")]
+fn dropping_the_runtime_under_a_std_condvar_wait_waits_for_a_late_notify() {
+    // The drop cannot unwind a fiber out of a std Condvar wait (C frames): it ends each futex
+    // wait of it at once, and std waits again, until the word changes. Between those waits the
+    // drop's park must really wait. It once spun instead (its back-off sleep was hooked, ended
+    // at once), contended for the drop's own lock, and that contended lock re-entered the
+    // drop's park until the fiber's stack overflowed: 2.2-2.6 s into the drop (2026-12-06, std's
+    // sync suites on fibers). The notify comes later than that, from a plain thread.
+    let rt = two_carriers();
+    let shared = Arc::new((std::sync::Mutex::new(false), std::sync::Condvar::new()));
+    let s = shared.clone();
+    let (tx, rx) = std::sync::mpsc::channel();
+    rt.spawn(move || {
+        let (m, cv) = &*s;
+        let mut g = m.lock().unwrap();
+        tx.send(()).unwrap();
+        while !*g {
+            g = cv.wait(g).unwrap();
+        }
+    });
+    rx.recv().unwrap();
+    let s = shared.clone();
+    let late = Duration::from_secs(4);
+    let notifier = std::thread::spawn(move || {
+        // The fiber holds the lock until its wait: this lock comes after, so the notify does.
+        std::thread::sleep(late);
+        *s.0.lock().unwrap() = true;
+        s.1.notify_all();
+    });
+    let t = Instant::now();
+    drop(rt);
+    assert!(t.elapsed() >= late - Duration::from_millis(100), "the drop returned before the notify");
+    notifier.join().unwrap();
+}
+
 /// A `std::net` echo of 4 connections whose server accepts all of them before it echoes any.
 /// Without hooks the acceptor's `accept` and each client's read of its echo hold their carrier
 /// (at most two such fibers on two carriers), so the rest of the clients, and with them the

@@ -520,6 +520,58 @@ fn a_clone_used_first_leaves_the_original_blocking() {
     assert_no_compensation(&rt);
 }
 
+/// What std's own `net` tests check that the tests above do not (std's suites on fibers,
+/// `arch/hooks.md`): `UdpSocket`'s `recv_from`/`send_to` park fibers, and a `shutdown(Read)`
+/// from another fiber ends a read parked on the same socket (std's `close_read_wakes_up`).
+#[test]
+fn udp_echo_and_a_shutdown_read_wake_parked_fibers() {
+    let _one = serial();
+    let rt = two_carriers();
+    rt.block_on(|| {
+        let server = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        let addr = server.local_addr().unwrap();
+        let n = 100;
+        let echo = vt::spawn(move || {
+            let mut buf = [0u8; 64];
+            for _ in 0..n {
+                let (len, from) = server.recv_from(&mut buf).unwrap(); // parks until a client sends
+                server.send_to(&buf[..len], from).unwrap();
+            }
+        });
+        let clients: Vec<_> = (0..n)
+            .map(|i: u32| {
+                vt::spawn(move || {
+                    let s = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+                    s.send_to(&i.to_le_bytes(), addr).unwrap();
+                    let mut buf = [0u8; 64];
+                    let (len, from) = s.recv_from(&mut buf).unwrap();
+                    assert_eq!((&buf[..len], from), (&i.to_le_bytes()[..], addr));
+                })
+            })
+            .collect();
+        join_all(clients);
+        echo.join().unwrap();
+
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let peer = vt::spawn(move || TcpStream::connect(addr).unwrap()); // stays silent
+        let (conn, _) = listener.accept().unwrap();
+        let closer = conn.try_clone().unwrap();
+        let reader = vt::spawn(move || {
+            let mut conn = conn;
+            conn.read(&mut [0u8; 8])
+        });
+        // The shutdown must come while the read is parked, not before it.
+        while !vt::dump().to_string().contains("parked on a hooked socket or pipe read") {
+            vt::yield_now();
+        }
+        closer.shutdown(std::net::Shutdown::Read).unwrap();
+        assert_eq!(reader.join().unwrap().unwrap(), 0);
+        drop(peer.join().unwrap());
+    });
+    assert_no_compensation(&rt);
+}
+
 /// 10,000 `std::net` connections, all open at once: an echo server in fibers, in a child
 /// process of its own (both ends in one process would need 20,000 descriptors, this machine's
 /// whole limit), and 10,000 client fibers here. Each client connects, waits until every client

@@ -228,7 +228,9 @@ pub(crate) fn hook_gate() -> HookGate {
         unsafe { (*c).get() }
     };
     if !CANCELLING.with(Cell::get).is_null() {
-        return HookGate::Cancelling;
+        // The runtime's own waits go to the kernel during a drop's unwind too: the drop's park
+        // (`Cancelling`) takes the drop's own lock, whose contended wait would re-enter it.
+        return if crate::loom::hooks_off() { HookGate::Pass } else { HookGate::Cancelling };
     }
     if fiber.is_null() || std::thread::panicking() || crate::loom::hooks_off() {
         return HookGate::Pass;
@@ -277,4 +279,26 @@ pub(crate) fn unwinds_parked() -> u32 {
 #[inline(never)]
 pub(crate) fn add_unwinds_parked(n: i32) {
     UNWINDS_PARKED.with(|c| c.set(c.get().wrapping_add_signed(n)));
+}
+
+#[cfg(all(test, feature = "hooks", not(loom)))]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_runtime_s_own_waits_pass_through_while_a_drop_unwinds_a_fiber() {
+        // The drop's park (the `Cancelling` answer) takes the drop's own lock: were a contended
+        // wait for that lock answered `Cancelling` too, it would re-enter the drop's park, once
+        // per contended lock, until the fiber's stack overflowed (std's sync suites met that).
+        // Only the pointer's nullness is read here; the record is never touched.
+        let fake = ptr::NonNull::<FiberRecord>::dangling().as_ptr();
+        set_cancelling(fake);
+        let in_drop = hook_gate();
+        let own_wait = {
+            let _off = crate::loom::HooksOff::enter();
+            hook_gate()
+        };
+        set_cancelling(ptr::null());
+        assert_eq!((in_drop, own_wait), (HookGate::Cancelling, HookGate::Pass));
+    }
 }

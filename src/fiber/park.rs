@@ -137,7 +137,12 @@ fn park_plain(rec: &FiberRecord, cancelling: bool, reason: WaitReason, deadline:
         // can only finish by being unwound too, so unwind another fiber, then return (a
         // spurious wake-up: the caller re-checks its condition).
         if !rec.runtime().cancel_one() {
-            std::thread::sleep(Duration::from_millis(1)); // waits on a plain thread, if anything
+            // Waits on a plain thread, if anything: a real sleep, which a hooked one, ended at
+            // once for a fiber being unwound, is not. Without it a fiber the drop cannot unwind
+            // (a std `Condvar` wait in a loop) spins, and contends for the drop's lock.
+            #[cfg(all(feature = "hooks", not(loom)))]
+            let _off = crate::loom::HooksOff::enter();
+            std::thread::sleep(Duration::from_millis(1));
         }
         return false;
     }
