@@ -10,9 +10,11 @@
 //! `fiber-libc`) runs `PROBE_READS` reads of that side and exits, for
 //! `valgrind --tool=cachegrind --cache-sim=no`; the difference of two probes over `PROBE_READS`
 //! is the hook's instructions per call. `HOOKS_ALTERNATE=<rounds>` times the plain thread's two
-//! sides in turns, 1,000,000 reads each, the order swapped every round, and prints each side's
-//! median and the median of the rounds' ratios: a loaded machine moves both sides of a round
-//! alike, where criterion's groups run one after the other. Figures: `arch/hooks.md` ("Costs").
+//! sides, and a third (a bare wrapper that calls the C library's `read` and tests the result:
+//! the least any interposer pays), in turns, 1,000,000 reads each, the order rotated every
+//! round, and prints each side's median and the medians of the rounds' ratios: a loaded machine
+//! moves the sides of a round alike, where criterion's groups run one after the other.
+//! Figures: `arch/hooks.md` ("Costs").
 
 use std::ffi::{c_int, c_void};
 use std::time::{Duration, Instant};
@@ -149,31 +151,51 @@ fn main() {
     c.final_summary();
 }
 
-/// `HOOKS_ALTERNATE`: the plain thread's sides in turns (module doc).
+/// `HOOKS_ALTERNATE`: the plain thread's sides in turns (module doc), with a third: the least
+/// any interposer that looks at the result pays, a function of its own that calls the C
+/// library's `read` and tests the sign (`wrapped_read`).
 fn alternate(rounds: usize, sides: [(&str, ReadFn); 2]) {
     const READS: u64 = 1_000_000;
+    let _ = WRAPPED.set(sides[1].1);
+    let all: [(&str, ReadFn); 3] = [sides[0], sides[1], ("wrapper", wrapped_read)];
     let pipe = Pipe::new();
     let median = |v: &mut Vec<f64>| {
         v.sort_by(f64::total_cmp);
         v[v.len() / 2]
     };
-    let (mut hooked, mut libc, mut ratios) = (Vec::new(), Vec::new(), Vec::new());
+    let mut ns: [Vec<f64>; 3] = Default::default();
+    let mut ratios: [Vec<f64>; 2] = Default::default();
     for round in 0..rounds.max(1) {
-        let mut ns = [0.0; 2];
-        for k in 0..2 {
-            let side = (k + round) % 2;
-            ns[side] = pipe.time(READS, sides[side].1).as_nanos() as f64 / READS as f64;
+        let mut t = [0.0; 3];
+        for k in 0..3 {
+            let side = (k + round) % 3;
+            t[side] = pipe.time(READS, all[side].1).as_nanos() as f64 / READS as f64;
         }
-        hooked.push(ns[0]);
-        libc.push(ns[1]);
-        ratios.push(ns[0] / ns[1]);
-        println!("round {round}: hooked {:.1} ns, libc {:.1} ns, ratio {:.4}", ns[0], ns[1], ns[0] / ns[1]);
+        for (v, x) in ns.iter_mut().zip(t) {
+            v.push(x);
+        }
+        ratios[0].push(t[0] / t[1]);
+        ratios[1].push(t[2] / t[1]);
+        println!("round {round}: hooked {:.1} ns, libc {:.1} ns, wrapper {:.1} ns", t[0], t[1], t[2]);
     }
+    let [h, l, w] = ns.map(|mut v| median(&mut v));
+    let [rh, rw] = ratios.map(|mut v| median(&mut v));
     println!(
-        "plain thread, 1-byte pipe read, {} rounds x {READS} reads: hooked {:.1} ns, libc {:.1} ns (medians); median ratio {:.4}",
-        ratios.len(),
-        median(&mut hooked),
-        median(&mut libc),
-        median(&mut ratios)
+        "plain thread, 1-byte pipe read, {rounds} rounds x {READS} reads, medians: hooked {h:.1} ns, libc {l:.1} ns, wrapper {w:.1} ns; hooked/libc {rh:.4}, wrapper/libc {rw:.4}"
     );
+}
+
+/// The C library's `read`, for `wrapped_read`.
+static WRAPPED: std::sync::OnceLock<ReadFn> = std::sync::OnceLock::new();
+
+/// A function between the caller and the C library's `read` that looks at the result, as every
+/// hook must (a retry needs it): one more call level and return after the system call, and a
+/// frame that keeps nothing.
+#[inline(never)]
+unsafe extern "C" fn wrapped_read(fd: c_int, buf: *mut c_void, n: usize) -> isize {
+    let read = WRAPPED.get().expect("set by `alternate`");
+    // SAFETY: the caller's arguments.
+    let r = unsafe { read(fd, buf, n) };
+    // Not a tail call: the result is looked at after the call returns.
+    if r < 0 { std::hint::black_box(r) } else { r }
 }
