@@ -394,6 +394,25 @@ fn dropping_the_runtime_under_a_std_condvar_wait_waits_for_a_late_notify() {
     notifier.join().unwrap();
 }
 
+/// Two carriers, patient ones with hooks (`two_patient_carriers`), for the tests that run the
+/// same std code in both builds and assert the side they are built for.
+fn two_carriers_for_either_side() -> vt::Runtime {
+    #[cfg(feature = "hooks")]
+    return two_patient_carriers();
+    #[cfg(not(feature = "hooks"))]
+    return two_carriers();
+}
+
+/// With hooks the std calls parked and two carriers did it alone; without, they held their
+/// carriers and the set finished only on carriers the supervisor added.
+fn assert_carriers_added_only_without_hooks(m: &vt::Metrics) {
+    if HOOKED {
+        assert_eq!((m.compensations, m.carriers_peak), (0, 2), "{m}");
+    } else {
+        assert!(m.compensations >= 1 && m.carriers_peak > 2, "{m}");
+    }
+}
+
 /// A `std::net` echo of 4 connections whose server accepts all of them before it echoes any.
 /// Without hooks the acceptor's `accept` and each client's read of its echo hold their carrier
 /// (at most two such fibers on two carriers), so the rest of the clients, and with them the
@@ -402,10 +421,7 @@ fn dropping_the_runtime_under_a_std_condvar_wait_waits_for_a_late_notify() {
 /// (`tests/hooks_io.rs` scales this to 10,000 connections).
 #[test]
 fn a_std_net_echo_needs_added_carriers_only_without_hooks() {
-    #[cfg(feature = "hooks")]
-    let rt = two_patient_carriers();
-    #[cfg(not(feature = "hooks"))]
-    let rt = two_carriers();
+    let rt = two_carriers_for_either_side();
     let n = 4;
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = listener.local_addr().unwrap();
@@ -435,11 +451,7 @@ fn a_std_net_echo_needs_added_carriers_only_without_hooks() {
         assert_eq!(server.join().unwrap(), 400);
         rt.metrics()
     });
-    if HOOKED {
-        assert_eq!((m.compensations, m.carriers_peak), (0, 2), "{m}");
-    } else {
-        assert!(m.compensations >= 1 && m.carriers_peak > 2, "{m}");
-    }
+    assert_carriers_added_only_without_hooks(&m);
 }
 
 /// Eight fibers wait on a std `Condvar` until all of them have checked in. Without hooks each
@@ -448,10 +460,7 @@ fn a_std_net_echo_needs_added_carriers_only_without_hooks() {
 /// (`std_condvar_and_barrier_in_ten_thousand_fibers` scales this to 10,000).
 #[test]
 fn a_std_condvar_wait_needs_added_carriers_only_without_hooks() {
-    #[cfg(feature = "hooks")]
-    let rt = two_patient_carriers();
-    #[cfg(not(feature = "hooks"))]
-    let rt = two_carriers();
+    let rt = two_carriers_for_either_side();
     let n = 8;
     let m = common::within(Duration::from_secs(60), "the std Condvar", move || {
         let state = Arc::new((std::sync::Mutex::new(0usize), std::sync::Condvar::new()));
@@ -466,11 +475,7 @@ fn a_std_condvar_wait_needs_added_carriers_only_without_hooks() {
         });
         rt.metrics()
     });
-    if HOOKED {
-        assert_eq!((m.compensations, m.carriers_peak), (0, 2), "{m}");
-    } else {
-        assert!(m.compensations >= 1 && m.carriers_peak > 2, "{m}");
-    }
+    assert_carriers_added_only_without_hooks(&m);
 }
 
 /// A fiber holds a std `MutexGuard` across a `vt::sleep` while another fiber of its only
