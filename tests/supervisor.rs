@@ -727,3 +727,30 @@ fn a_runaway_compensation_is_reported_once_with_its_spawn_sites() {
     assert!(line.contains("tests/supervisor.rs"), "names the spawn site: {line}");
     assert!(line.contains("vt::blocking"), "says the fix: {line}");
 }
+
+/// A fiber computes for 300 ms without a switch on the only carrier while another fiber, woken
+/// meanwhile, waits in that carrier's home queue. A started fiber runs only at home, so a spare
+/// carrier could not run it: the hog is reported, and no carrier is started (one was, before
+/// the rule counted only work a spare can take).
+#[test]
+fn a_hog_with_only_home_fibers_behind_it_starts_no_carrier() {
+    let rt = vt::Runtime::builder().carriers(1).max_carriers(4).build().unwrap();
+    let (wake_tx, wake_rx) = vt::channel::bounded::<()>(1);
+    let (ready_tx, ready_rx) = vt::channel::bounded::<()>(1);
+    let waiter = rt.spawn(move || {
+        ready_tx.send(()).unwrap();
+        wake_rx.recv().unwrap(); // parks: started, so at home on the carrier from here on
+    });
+    let hog = rt.spawn(move || {
+        ready_rx.recv().unwrap();
+        wake_tx.send(()).unwrap(); // the waiter is runnable now, only here
+        let t = Instant::now();
+        while t.elapsed() < Duration::from_millis(300) {
+            std::hint::spin_loop();
+        }
+    });
+    hog.join().unwrap();
+    waiter.join().unwrap();
+    let m = rt.metrics();
+    assert_eq!((m.compensations, m.carriers_peak), (0, 1), "{m}");
+}

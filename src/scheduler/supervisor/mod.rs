@@ -269,12 +269,15 @@ fn sample(
         }
         // Fibers wait behind a fiber that hogs its carrier only if nobody else can take them:
         // the LIFO slot, the home queue and the inbox (fibers at home there) are its alone, the
-        // deque is stealable. A spare can take the deque's that nobody took and the LIFO slot's
-        // (`find_work` takes a caught carrier's); fibers at home there can only wait for it
-        // (`decisions/0003-home-carriers.md`), so for them alone the hog is reported but no
-        // carrier is started that none of them could use.
-        let takeable = w.untaken >= WAIT_SAMPLES || !slot.lifo.load(Ordering::Relaxed).is_null();
-        let behind = takeable || slot.home_len.load(Ordering::Relaxed) > 0 || slot.inbox.maybe_nonempty();
+        // deque is stealable. A spare can take the deque's that nobody took and a LIFO fiber
+        // with no home here (`find_work` takes a caught carrier's); fibers at home there can
+        // only wait for it (`decisions/0003-home-carriers.md`), so for them alone the hog is
+        // reported but no carrier is started that none of them could use.
+        let takeable = w.untaken >= WAIT_SAMPLES || lifo_may_run_elsewhere(rt, i);
+        let behind = takeable
+            || !slot.lifo.load(Ordering::Relaxed).is_null()
+            || slot.home_len.load(Ordering::Relaxed) > 0
+            || slot.inbox.maybe_nonempty();
         // Or fibers starve in the injector, behind every carrier at once.
         let waiting = behind || *starved > 0;
         let long = !in_kernel && w.stalled >= CPU_STALL_SAMPLES;
