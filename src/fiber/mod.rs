@@ -71,6 +71,11 @@ pub(crate) use state::{Claim, DONE, PARKED, RUNNABLE, RUNNING};
 
 /// A carrier index meaning "not pinned".
 pub(crate) const NO_HOME: usize = usize::MAX;
+/// `FiberRecord::carrier` of a fiber that has not run yet.
+pub(crate) const NOT_RUN: u32 = u32::MAX;
+/// `FiberRecord::carrier` of a fiber that has not run yet and that a carrier placed on another
+/// by load (`scheduler/carrier/place.rs`): whoever starts it, starts it where it is.
+pub(crate) const PLACED: u32 = u32::MAX - 1;
 
 /// Everything the runtime knows about one fiber. Records are pooled per runtime and reused:
 /// the fields that describe one fiber are rewritten in `init` while the record is unreachable
@@ -86,7 +91,8 @@ pub(crate) struct FiberRecord {
     // yield, park), so that a switch misses on at most two lines of the record, not four.
     /// State word: `RUNNING | RUNNABLE | PARKED | DONE`, plus the `NOTIFIED` flag.
     state: StateWord,
-    /// The carrier that last ran the fiber, for dumps.
+    /// The carrier that last ran the fiber, for dumps; before its first run `NOT_RUN`, or
+    /// `PLACED` once a carrier placed it on another by load (never placed again).
     pub(crate) carrier: AtomicU32,
     /// Spawns since this fiber last yielded, for the fork-yield rule.
     pub(crate) spawns: Cell<u32>,
@@ -292,7 +298,7 @@ impl FiberRecord {
             depth: Cell::new(0),
             wait: AtomicU8::new(0),
             since: AtomicU64::new(0),
-            carrier: AtomicU32::new(u32::MAX),
+            carrier: AtomicU32::new(NOT_RUN),
             parked_sp: AtomicUsize::new(0),
             lent: Cell::new(0),
             blocking_depth: Cell::new(0),
@@ -348,7 +354,7 @@ impl FiberRecord {
         r.blocking_at.set(None);
         r.wait.store(0, Ordering::Relaxed);
         r.since.store(init.since, Ordering::Relaxed);
-        r.carrier.store(u32::MAX, Ordering::Relaxed);
+        r.carrier.store(NOT_RUN, Ordering::Relaxed);
         // The last incarnation's, else: the carrier prefetches it before a first run, and a
         // stale one may lie in a trimmed stack, costing a page walk for nothing.
         r.parked_sp.store(0, Ordering::Relaxed);

@@ -33,6 +33,7 @@ pub struct Builder {
     max_carriers: Option<usize>,
     pin_carriers: Option<bool>,
     migrate_started_fibers: bool,
+    place_by_load: bool,
     stack_size: usize,
     fiber_roots: bool,
     supervisor_interval: Duration,
@@ -61,6 +62,7 @@ impl Builder {
             max_carriers: None,
             pin_carriers: None,
             migrate_started_fibers: false,
+            place_by_load: true,
             stack_size: DEFAULT_STACK_SIZE,
             fiber_roots: true,
             supervisor_interval: DEFAULT_SUPERVISOR_INTERVAL,
@@ -131,6 +133,33 @@ impl Builder {
     /// `vt::pinned`. See `arch/decisions/0003-home-carriers.md`.
     pub unsafe fn migrate_started_fibers(mut self, migrate: bool) -> Builder {
         self.migrate_started_fibers = migrate;
+        self
+    }
+
+    /// Place fibers about to start on the carrier with the least load when this one has far
+    /// more (default `true`).
+    ///
+    /// A started fiber never leaves its home carrier, so a carrier that starts a burst of
+    /// long-lived fibers while the others are busy (their own fibers keep yielding, so they
+    /// never go idle to steal) would be home to all of them for good. With this on, a carrier
+    /// counts the started fibers at home on it (its *load*); every 64th fiber it starts, and at
+    /// every fiber while it places, it compares that with the other carriers' loads, and while
+    /// its own is above twice the least plus 32 it sends every other fiber about to start to
+    /// the least loaded carrier instead, which starts it at its next look at the injector (every
+    /// 61 switches, or at once when idle). A placed fiber is never placed again.
+    ///
+    /// It cannot move a fiber that has started, and a carrier held by a fiber that never yields
+    /// (or blocked in the OS) gets nothing placed once it has made no switch for two supervisor
+    /// intervals; a fiber placed there just before is taken back then (or, at the latest, by a
+    /// carrier the supervisor starts for it). Short-lived fibers (fork-join) never raise a load, so they pay one test per
+    /// start. Off, or with [`migrate_started_fibers`](Builder::migrate_started_fibers), fibers
+    /// start where they are taken. See `arch/decisions/0014-placement-by-load.md`.
+    ///
+    /// The environment variable `VT_PLACE_BY_LOAD=1` (or `0`) forces it on (or off) for every
+    /// runtime of the process, over this setting; any other value makes `build` fail with
+    /// `InvalidInput`.
+    pub fn place_by_load(mut self, on: bool) -> Builder {
+        self.place_by_load = on;
         self
     }
 
@@ -343,6 +372,8 @@ impl Builder {
             max_carriers,
             affinity: affinity(self.pin_carriers, std::env::var_os("VT_PIN_CARRIERS"))?,
             migrate_started_fibers: self.migrate_started_fibers,
+            place_by_load: env_switch("VT_PLACE_BY_LOAD", std::env::var_os("VT_PLACE_BY_LOAD"))?
+                .unwrap_or(self.place_by_load),
             stack_size: usable_size(self.stack_size)?,
             fiber_roots: self.fiber_roots,
             supervisor_interval: self.supervisor_interval,
@@ -359,26 +390,29 @@ impl Builder {
 /// Where carriers run: `VT_PIN_CARRIERS` (`0` or `1`) over the builder's `pin_carriers`, over
 /// the adaptive default.
 fn affinity(pin: Option<bool>, env: Option<OsString>) -> io::Result<Affinity> {
-    let forced = match env.as_ref().map(|v| v.to_str().map(str::trim)) {
-        None | Some(Some("")) => None,
-        Some(Some("1")) => Some(true),
-        Some(Some("0")) => Some(false),
-        Some(_) => {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidInput,
-                format!(
-                    "VT_PIN_CARRIERS={:?} in the environment is not 0 (carriers never pinned) or 1 \
-                     (always pinned); unset it for the default (pinned, floating off a shared CPU)",
-                    env.unwrap_or_default()
-                ),
-            ));
-        }
-    };
+    let forced = env_switch("VT_PIN_CARRIERS", env)?;
     Ok(match forced.or(pin) {
         None => Affinity::Adaptive,
         Some(true) => Affinity::Pinned,
         Some(false) => Affinity::Floating,
     })
+}
+
+/// A `0` or `1` switch from the environment (`None` when unset or empty), which goes over
+/// the builder's setting.
+fn env_switch(name: &str, env: Option<OsString>) -> io::Result<Option<bool>> {
+    match env.as_ref().map(|v| v.to_str().map(str::trim)) {
+        None | Some(Some("")) => Ok(None),
+        Some(Some("1")) => Ok(Some(true)),
+        Some(Some("0")) => Ok(Some(false)),
+        Some(_) => Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!(
+                "{name}={:?} in the environment is not 0 (off) or 1 (on); unset it for the default",
+                env.unwrap_or_default()
+            ),
+        )),
+    }
 }
 
 /// The environment variables of [`Builder::with_env`] that are set, as `NAME=value` pairs, for
@@ -410,6 +444,18 @@ fn parse_size(text: &str) -> Option<usize> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn vt_place_by_load_forces_either_and_rejects_anything_else() {
+        let env = |v: &str| Some(OsString::from(v));
+        assert_eq!(env_switch("VT_PLACE_BY_LOAD", None).unwrap(), None);
+        assert_eq!(env_switch("VT_PLACE_BY_LOAD", env(" ")).unwrap(), None);
+        assert_eq!(env_switch("VT_PLACE_BY_LOAD", env("0")).unwrap(), Some(false));
+        assert_eq!(env_switch("VT_PLACE_BY_LOAD", env("1")).unwrap(), Some(true));
+        let e = env_switch("VT_PLACE_BY_LOAD", env("on")).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::InvalidInput);
+        assert!(e.to_string().contains("VT_PLACE_BY_LOAD=\"on\""), "{e}");
+    }
 
     #[test]
     fn vt_pin_carriers_forces_either_and_rejects_anything_else() {

@@ -102,6 +102,9 @@ pub struct CarrierMetrics {
     pub switches: u64,
     /// Fibers that started on it (and so have it as their home), whoever spawned them.
     pub fibers_started: u64,
+    /// Fibers about to start here that it sent to a carrier with far fewer started fibers at
+    /// home ([`Builder::place_by_load`](crate::runtime::Builder::place_by_load)).
+    pub fibers_placed: u64,
     /// Fibers it took from other carriers' deques.
     pub steals: u64,
     /// Fibers it took from the injector.
@@ -171,6 +174,7 @@ impl Metrics {
                 .map(|s| CarrierMetrics {
                     switches: s.switches,
                     fibers_started: s.started,
+                    fibers_placed: s.placed,
                     steals: s.steals,
                     injector_pops: s.injector_pops,
                     idle_time: Duration::from_nanos(s.idle_ns),

@@ -9,6 +9,9 @@ pub(crate) struct Config {
     pub(crate) affinity: Affinity,
     /// Started fibers may move between carriers (the `unsafe` opt-in); else they stay home.
     pub(crate) migrate_started_fibers: bool,
+    /// A carrier well above another in started fibers at home places fibers about to start
+    /// there (`Builder::place_by_load`, `scheduler/carrier/place.rs`).
+    pub(crate) place_by_load: bool,
     /// Usable bytes per stack, rounded to whole pages.
     pub(crate) stack_size: usize,
     pub(crate) fiber_roots: bool,

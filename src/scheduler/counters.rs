@@ -47,6 +47,7 @@ pub(crate) struct Counters {
 pub(crate) struct CarrierCounters {
     pub(crate) switches: u64,
     pub(crate) started: u64,
+    pub(crate) placed: u64,
     pub(crate) steals: u64,
     pub(crate) injector_pops: u64,
     pub(crate) idle_ns: u64,
@@ -116,6 +117,7 @@ impl Shared {
                 .map(|s| CarrierCounters {
                     switches: s.progress.load(Ordering::Relaxed),
                     started: s.stats.started.load(Ordering::Relaxed),
+                    placed: s.stats.placed.load(Ordering::Relaxed),
                     steals: s.stats.steals.load(Ordering::Relaxed),
                     injector_pops: s.stats.injector_pops.load(Ordering::Relaxed),
                     idle_ns: s.stats.idle_ns.load(Ordering::Relaxed),

@@ -166,6 +166,8 @@ pub(crate) struct Stats {
     pub(super) steals: AtomicU64,
     pub(super) injector_pushes: AtomicU64,
     pub(super) injector_pops: AtomicU64,
+    /// Fibers about to start that this carrier placed on another by load (`carrier/place.rs`).
+    pub(super) placed: AtomicU64,
     pub(super) timer_wakeups: AtomicU64,
     pub(super) io_wakeups: AtomicU64,
     pub(super) idle_ns: AtomicU64,

@@ -41,6 +41,8 @@ use crate::scheduler::queue::run_queue::{self, Local};
 
 mod caches;
 use caches::{Borrowed, Caches};
+mod place;
+use place::NO_PLACE;
 mod queues;
 mod search;
 mod switch;
@@ -118,6 +120,17 @@ pub(crate) struct Carrier {
     /// This carrier has clearly more fibers at home than another that runs (read every
     /// `GLOBAL_CHECK_INTERVAL` ticks, `weigh`): it leaves unstarted fibers to the lighter one.
     heavier: Cell<bool>,
+    /// Placement by load (`place.rs`): the start count's bits that must be 0 for a first
+    /// start to take the cold path, the carrier it places on (`NO_PLACE`: none), and the
+    /// starts since it last looked at the loads while placing.
+    place_mask: Cell<u64>,
+    place_to: Cell<usize>,
+    place_calls: Cell<u32>,
+    /// The target's switch count when this carrier last saw it move, and when (ns since the
+    /// runtime's epoch); and a carrier left out while its switch count stays as it was when it
+    /// stalled (`place.rs`, step 5).
+    place_watch: Cell<(u64, u64)>,
+    place_shun: Cell<(usize, u64)>,
     /// Ticks (fibers taken from the local queues) until the next look at timers, the
     /// injector, the reactor and the other carriers' loads: a countdown from
     /// `GLOBAL_CHECK_INTERVAL`, where a counter's modulo divided by 61 on every switch.
@@ -166,6 +179,11 @@ impl Carrier {
             is_spare: index >= rt.target,
             lifo_streak: Cell::new(0),
             heavier: Cell::new(false),
+            place_mask: Cell::new(Carrier::initial_place_mask(&rt, index)),
+            place_to: Cell::new(NO_PLACE),
+            place_calls: Cell::new(0),
+            place_watch: Cell::new((0, 0)),
+            place_shun: Cell::new((NO_PLACE, 0)),
             ticks_left: Cell::new(GLOBAL_CHECK_INTERVAL),
             rng: Cell::new(0x2545_F491_4F6C_DD1D ^ ((index as u64 + 1) << 17)),
             taking: Cell::new(false),

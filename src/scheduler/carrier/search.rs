@@ -63,8 +63,9 @@ impl Carrier {
             // The injector first: the local queues may never be empty (fibers that keep
             // yielding), and they are checked right after. Not while clearly heavier than
             // another carrier: its fibers would stay here once started; the lighter one takes
-            // them (it looks at the injector on its own ticks).
-            if !self.weigh() {
+            // them (it looks at the injector on its own ticks). Nor while it places fibers by
+            // load: it would take back what it placed (`place.rs`, step 4).
+            if !self.weigh() && (self.place_to.get() == NO_PLACE || !self.still_placing()) {
                 if let Some(f) = self.steal_injector() {
                     return Some(f);
                 }

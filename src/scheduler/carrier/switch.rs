@@ -85,11 +85,23 @@ impl Carrier {
                     Err(back) => f = back,
                 }
             }
+            // The start count this start will store; placement by load looks at the loads when
+            // its low bits are 0 (`place.rs`, step 1).
+            let started = slot.stats.started.load(Ordering::Relaxed).wrapping_add(1);
+            if started & self.place_mask.get() == 0 {
+                match self.place(f, known) {
+                    Ok(()) => {
+                        self.current.set(std::ptr::null());
+                        return None;
+                    }
+                    Err(back) => f = back,
+                }
+            }
             f.started.set(true);
             if !self.rt.config.migrate_started_fibers {
                 f.home.store(self.index, Ordering::Relaxed);
             }
-            bump(&slot.stats.started, 1);
+            slot.stats.started.store(started, Ordering::Relaxed);
             // SAFETY: we popped `f`: exclusive access.
             if !unsafe { f.bind(self.take_coroutine(f.class())) } {
                 // No stack: its join handle got the error; it is finished.
