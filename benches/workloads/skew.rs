@@ -3,14 +3,25 @@
 //! stay there when the load they carry changes; work-stealing runtimes that move started tasks
 //! (tokio, vt's `unsafe` opt-in `migrate_started_fibers`) rebalance.
 //!
-//! One op: 1,000 long-lived tasks, of which the heavy half all start on one carrier: a hog
-//! spins on the other (the calling fiber spins, not yields, until the hog runs, so that the
-//! other carrier took it), the 500 heavy tasks are spawned and start (each counts itself and
-//! waits on a gate), the hog stops, then the 500 light ones are spawned and start wherever
-//! they are taken. Timed: from opening the gate to the last join, while every heavy task does
+//! One op: 1,000 long-lived tasks, of which the heavy half all start while the other carrier
+//! is busy: the calling fiber spins (not yields) until a busy fiber runs, so that the other
+//! carrier took it; the 500 heavy tasks are spawned and start (each counts itself and waits on
+//! a gate); the busy fiber stops; then the 500 light ones are spawned and start wherever they
+//! are taken. Timed: from opening the gate to the last join, while every heavy task does
 //! `UNITS` units of ~1 µs of arithmetic with a yield after each, and every light one only
-//! yields as often. `balanced` is the same op without the hog: the heavy tasks spread as they
-//! start. Run: `WORKLOADS_PARTS=skew cargo bench --bench workloads` (about 10 s).
+//! yields as often. Two kinds of busy fiber:
+//! - `hog` (the rows `skewed`): it spins without a switch point. Nothing else runs on its
+//!   carrier, so the heavy half starts on the spawner's; placement by load cannot help (it
+//!   places nothing on a carrier the supervisor holds, and what it placed before comes back),
+//!   only migration or an acceptor per carrier (`skew_tcp.rs`) does.
+//! - `coop`: it spins ~50 µs, then yields, over and over: its carrier runs fibers, so it never
+//!   goes idle to steal, and without placement the heavy half starts on the spawner's carrier
+//!   all the same. With placement by load (the default; `coop, off` turns it off) the
+//!   spawner's carrier sends every other fiber about to start to the busy one once it is home
+//!   to 32 more than twice as many (`arch/decisions/0014-placement-by-load.md`).
+//!
+//! `balanced` is the same op without a busy fiber: the heavy tasks spread as they start. Run:
+//! `WORKLOADS_PARTS=skew cargo bench --bench workloads` (about 15 s).
 use super::*;
 use std::sync::atomic::AtomicBool;
 
@@ -20,6 +31,19 @@ const TASKS: usize = 1_000;
 const UNITS: usize = 100;
 /// Iterations of `spin` in one unit (about 1 µs on the project's machine).
 const SPIN: u64 = 1_000;
+/// Units the cooperative busy fiber spins between its yields (~50 µs).
+const BUSY_UNITS: u64 = 50;
+
+/// What keeps the other carrier busy while the heavy half starts.
+#[derive(Clone, Copy, PartialEq)]
+enum Busy {
+    /// Nothing: the heavy half spreads as it starts.
+    Balanced,
+    /// A spin with no switch point.
+    Hog,
+    /// ~50 µs of spinning, then a yield, over and over.
+    Coop,
+}
 
 fn spin(n: u64) -> u64 {
     let mut x = 0u64;
@@ -35,17 +59,21 @@ struct Hog {
     stop: AtomicBool,
 }
 
-fn vt_op(rt: &vt::Runtime, skewed: bool) -> Duration {
+fn vt_op(rt: &vt::Runtime, busy: Busy) -> Duration {
     rt.block_on(|| {
         let gate = Arc::new(sync::RwLock::new(()));
         let closed = gate.write().unwrap();
         let started = Arc::new(AtomicUsize::new(0));
         let hog = Arc::new(Hog { on: AtomicBool::new(false), stop: AtomicBool::new(false) });
-        let hogging = skewed.then(|| {
+        let hogging = (busy != Busy::Balanced).then(|| {
             let hog2 = hog.clone();
             let h = vt::spawn(move || {
                 hog2.on.store(true, Ordering::Release);
                 while !hog2.stop.load(Ordering::Acquire) {
+                    if busy == Busy::Coop {
+                        spin(BUSY_UNITS * SPIN);
+                        vt::yield_now();
+                    }
                     std::hint::spin_loop();
                 }
             });
@@ -91,17 +119,21 @@ fn vt_op(rt: &vt::Runtime, skewed: bool) -> Duration {
     })
 }
 
-fn tokio_op(rt: &tokio::runtime::Runtime, skewed: bool) -> Duration {
+fn tokio_op(rt: &tokio::runtime::Runtime, busy: Busy) -> Duration {
     rt.block_on(async {
         let gate = Arc::new(tokio::sync::RwLock::new(()));
         let closed = gate.clone().write_owned().await;
         let started = Arc::new(AtomicUsize::new(0));
         let hog = Arc::new(Hog { on: AtomicBool::new(false), stop: AtomicBool::new(false) });
-        let hogging = skewed.then(|| {
+        let hogging = (busy != Busy::Balanced).then(|| {
             let hog2 = hog.clone();
             let h = tokio::spawn(async move {
                 hog2.on.store(true, Ordering::Release);
                 while !hog2.stop.load(Ordering::Acquire) {
+                    if busy == Busy::Coop {
+                        spin(BUSY_UNITS * SPIN);
+                        tokio::task::yield_now().await;
+                    }
                     std::hint::spin_loop();
                 }
             });
@@ -148,31 +180,45 @@ fn tokio_op(rt: &tokio::runtime::Runtime, skewed: bool) -> Duration {
     })
 }
 
+/// The runtimes of the rows: the suite's, and vt with placement by load off.
+struct Rts<'a> {
+    p: &'a Peers,
+    unplaced: vt::Runtime,
+}
+
 /// The rows, each one op returning its timed phase.
-type Row = (&'static str, fn(&Peers) -> Duration);
+type Row = (&'static str, fn(&Rts) -> Duration);
 const ROWS: &[Row] = &[
-    ("vt skewed", |p| vt_op(&p.vt, true)),
-    ("vt balanced", |p| vt_op(&p.vt, false)),
-    ("migrate skewed", |p| vt_op(&p.vt_migrate, true)),
-    ("tokio skewed", |p| tokio_op(&p.tokio, true)),
-    ("tokio balanced", |p| tokio_op(&p.tokio, false)),
+    ("vt skewed", |r| vt_op(&r.p.vt, Busy::Hog)),
+    ("vt balanced", |r| vt_op(&r.p.vt, Busy::Balanced)),
+    ("migrate skewed", |r| vt_op(&r.p.vt_migrate, Busy::Hog)),
+    ("tokio skewed", |r| tokio_op(&r.p.tokio, Busy::Hog)),
+    ("tokio balanced", |r| tokio_op(&r.p.tokio, Busy::Balanced)),
+    ("vt coop", |r| vt_op(&r.p.vt, Busy::Coop)),
+    ("vt coop, off", |r| vt_op(&r.unplaced, Busy::Coop)),
+    ("migrate coop", |r| vt_op(&r.p.vt_migrate, Busy::Coop)),
+    ("tokio coop", |r| tokio_op(&r.p.tokio, Busy::Coop)),
 ];
 
 /// The rows in rotated order, `rounds()` times after one warm-up op each; medians of the
 /// timed phase, and the ratios the skew is judged by.
 pub fn report(p: &Peers) {
     println!(
-        "\nSkew: 1,000 tasks, the heavy 500 started on one carrier ({UNITS} x ~1 µs units each); timed phase, median of {} rounds\n{}",
+        "\nSkew: 1,000 tasks, the heavy 500 started while the other carrier is busy ({UNITS} x ~1 µs units each); timed phase, median of {} rounds\n{}",
         rounds(),
         host_mode()
     );
+    let r = Rts {
+        p,
+        unplaced: vt::Runtime::builder().carriers(cores()).place_by_load(false).build().expect("vt runtime"),
+    };
     for (_, op) in ROWS {
-        op(p); // warm-up
+        op(&r); // warm-up
     }
     let mut ms = vec![Vec::new(); ROWS.len()];
     for round in 0..rounds() {
         for i in (0..ROWS.len()).map(|i| (i + round) % ROWS.len()) {
-            ms[i].push(ROWS[i].1(p).as_secs_f64() * 1e3);
+            ms[i].push(ROWS[i].1(&r).as_secs_f64() * 1e3);
         }
     }
     let med: Vec<Stats> = ms.into_iter().map(Stats::of).collect();
@@ -187,12 +233,31 @@ pub fn report(p: &Peers) {
         times(m("migrate skewed") / m("vt skewed")),
         times(m("tokio balanced") / m("tokio skewed")),
     );
+    println!(
+        "  throughput, vt coop over: vt coop, off {}, tokio coop {}, vt balanced {}, migrate coop {}",
+        times(m("vt coop, off") / m("vt coop")),
+        times(m("tokio coop") / m("vt coop")),
+        times(m("vt balanced") / m("vt coop")),
+        times(m("migrate coop") / m("vt coop")),
+    );
     // Where the work ran: the skew is in the setup, not in the timing.
-    for (name, skewed) in [("vt skewed", true), ("vt balanced", false)] {
-        let before = p.vt.metrics().per_carrier;
-        vt_op(&p.vt, skewed);
-        let after = p.vt.metrics().per_carrier;
-        let switches: Vec<u64> = after.iter().zip(&before).map(|(a, b)| a.switches - b.switches).collect();
-        println!("  {name}: switches per carrier in one more op {switches:?}");
+    for (name, rt, busy) in [
+        ("vt skewed", &p.vt, Busy::Hog),
+        ("vt balanced", &p.vt, Busy::Balanced),
+        ("vt coop", &p.vt, Busy::Coop),
+        ("vt coop, off", &r.unplaced, Busy::Coop),
+    ] {
+        let before = rt.metrics().per_carrier;
+        vt_op(rt, busy);
+        let after = rt.metrics().per_carrier;
+        let delta = |f: fn(&vt::CarrierMetrics) -> u64| -> Vec<u64> {
+            after.iter().enumerate().map(|(i, a)| f(a) - before.get(i).map_or(0, f)).collect()
+        };
+        println!(
+            "  {name}: switches per carrier in one more op {:?}, fibers started {:?}, placed {:?}",
+            delta(|c| c.switches),
+            delta(|c| c.fibers_started),
+            delta(|c| c.fibers_placed)
+        );
     }
 }
