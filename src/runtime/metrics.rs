@@ -235,9 +235,10 @@ impl fmt::Display for Metrics {
         for (i, c) in self.per_carrier.iter().enumerate() {
             writeln!(
                 f,
-                "carrier {i}: {} switches, {} fibers started, {} stolen, {} from the injector, idle {:.3} s, {}",
+                "carrier {i}: {} switches, {} fibers started, {} placed elsewhere, {} stolen, {} from the injector, idle {:.3} s, {}",
                 c.switches,
                 c.fibers_started,
+                c.fibers_placed,
                 c.steals,
                 c.injector_pops,
                 c.idle_time.as_secs_f64(),
