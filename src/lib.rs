@@ -137,7 +137,7 @@ pub use fiber::stop::{Cancelled, check_cancelled, is_cancelled};
 pub use fiber::wait::WaitReason;
 pub use join_set::JoinSet;
 pub use pool::{PoolScope, ThreadPool, ThreadPoolBuilder};
-pub use runtime::inspect::{dump, metrics};
+pub use runtime::inspect::{current_carrier, dump, metrics};
 pub use runtime::metrics::{BlockingLocation, CarrierMetrics, Metrics};
 pub use runtime::spawn::{Builder, spawn};
 pub use runtime::{Handle, Runtime};

@@ -754,3 +754,52 @@ fn a_hog_with_only_home_fibers_behind_it_starts_no_carrier() {
     let m = rt.metrics();
     assert_eq!((m.compensations, m.carriers_peak), (0, 1), "{m}");
 }
+
+/// A fiber spawned onto a carrier by name (`Handle::spawn_on_carrier`) waits for that carrier:
+/// while carrier 1 is blocked in the OS (and caught so by the supervisor), the fiber queued for
+/// it does not start on carrier 0 or on a spare; it starts on carrier 1 once the block ends.
+/// Unpinned fibers spawned meanwhile run elsewhere.
+#[test]
+fn a_fiber_spawned_onto_a_blocked_carrier_waits_for_it() {
+    let rt = vt::Runtime::builder()
+        .carriers(2)
+        .supervisor_interval(common::supervisor_interval(10))
+        .build()
+        .unwrap();
+    let h = rt.handle();
+    let (blocking, release, pinned_ran) = (
+        Arc::new(AtomicBool::new(false)),
+        Arc::new(AtomicBool::new(false)),
+        Arc::new(AtomicBool::new(false)),
+    );
+    let blocker = {
+        let (blocking, release, pinned_ran) = (blocking.clone(), release.clone(), pinned_ran.clone());
+        h.spawn_on_carrier(1, move || {
+            blocking.store(true, Ordering::SeqCst);
+            // No switch point until `release`: nothing else runs on carrier 1 meanwhile.
+            while !release.load(Ordering::SeqCst) {
+                block_carrier(Duration::from_millis(20));
+            }
+            pinned_ran.load(Ordering::SeqCst)
+        })
+        .unwrap()
+    };
+    eventually("the blocker runs", || blocking.load(Ordering::SeqCst));
+    let pinned = {
+        let pinned_ran = pinned_ran.clone();
+        h.spawn_on_carrier(1, move || {
+            pinned_ran.store(true, Ordering::SeqCst);
+            vt::current_carrier()
+        })
+        .unwrap()
+    };
+    let others: Vec<_> = (0..100).map(|_| h.spawn(vt::current_carrier)).collect();
+    for o in others {
+        assert_ne!(o.join().unwrap(), Some(1), "carrier 1 is blocked");
+    }
+    eventually("the supervisor catches carrier 1 blocked", || rt.metrics().detections >= 1);
+    assert!(!pinned_ran.load(Ordering::SeqCst), "the pinned fiber started while its carrier was blocked");
+    release.store(true, Ordering::SeqCst);
+    assert!(!blocker.join().unwrap(), "the pinned fiber ran while its carrier was blocked");
+    assert_eq!(pinned.join().unwrap(), Some(1));
+}
