@@ -81,25 +81,23 @@ fn main() {
     let mut stop = Signals::new(&[Signal::INT, Signal::TERM]).unwrap_or_else(|e| a.fail(&e.to_string()));
     let sig = rt.block_on(|| {
         let bind_failed = |e: io::Error| -> ! { a.fail(&format!("bind {ip}:{port}: {e}")) };
-        let (addr, server) = if std_net {
+        // The acceptors serve until the runtime is dropped, when Ctrl-C or SIGTERM ends `main`.
+        let (addr, net) = if std_net {
             let listener =
                 std::net::TcpListener::bind((ip.as_str(), port)).unwrap_or_else(|e| bind_failed(e));
-            (listener.local_addr(), vt::spawn(move || serve_std(listener)))
+            let addr = listener.local_addr();
+            vt::spawn(move || serve_std(listener));
+            (addr, "std::net")
         } else if per_carrier {
             let server = serve_per_carrier((ip.as_str(), port)).unwrap_or_else(|e| bind_failed(e));
-            // Its acceptors serve until the runtime is dropped; the `Server` is not needed.
-            (Ok(server.local_addr()), vt::spawn(|| ()))
+            (Ok(server.local_addr()), "vt::net, an acceptor per carrier")
         } else {
             let listener = vt::net::TcpListener::bind((ip.as_str(), port)).unwrap_or_else(|e| bind_failed(e));
-            (listener.local_addr(), vt::spawn(move || serve(listener)))
-        };
-        let net = match (std_net, per_carrier) {
-            (true, _) => "std::net",
-            (false, true) => "vt::net, an acceptor per carrier",
-            (false, false) => "vt::net",
+            let addr = listener.local_addr();
+            vt::spawn(move || serve(listener));
+            (addr, "vt::net")
         };
         println!("http_server listening on http://{} ({net}; Ctrl-C stops it)", addr.unwrap());
-        drop(server);
         stop.wait()
     });
     println!("http_server: {sig}, stopping");
