@@ -55,7 +55,8 @@
 //! figures from the two are never compared. `WORKLOADS_PARTS=floor` is the short run for the
 //! floor (W1 and W5: vt, vt1, tokio, bare, bare1; about 20 s). `WORKLOADS_PARTS=skew`: the
 //! price of home carriers when the heavy half of 1,000 long-lived tasks started on one carrier
-//! (`skew.rs`).
+//! (`skew.rs`). `WORKLOADS_PARTS=skew_tcp`: the same question for a TCP server's connections
+//! accepted while one carrier is busy, with one acceptor or one per carrier (`skew_tcp.rs`).
 
 use std::io::Write;
 use std::process::Command;
@@ -185,6 +186,9 @@ fn main() {
     }
     if args.part("skew") && args.wants("skew", &["vt", "tokio"]) {
         skew::report(&peers);
+    }
+    if args.part("skew_tcp") && args.wants("skew_tcp", &["vt", "tokio"]) {
+        skew_tcp::report();
     }
     if args.part("w6") && args.wants("W6_parked_memory", &["vt", "tokio"]) {
         w6::report();
@@ -734,6 +738,8 @@ mod w5 {
 
 #[path = "workloads/skew.rs"]
 mod skew;
+#[path = "workloads/skew_tcp.rs"]
+mod skew_tcp;
 
 mod w6 {
     //! W6 parked_memory: spawn n tasks that each wait on one shared gate (a write-locked
@@ -1315,8 +1321,8 @@ struct Args {
     /// `WORKLOADS_RUNTIMES=vt,tokio`: only these runtimes (vt always runs: the ratios are to it).
     runtimes: Option<Vec<String>>,
     /// `WORKLOADS_PARTS=table,w7`: only these parts of the run (`criterion`, `table`, `floor`,
-    /// `w6`, `w7`, `skew`), for a short run such as the 16-core scaling script (`.ci/scaling`).
-    /// `floor` and `skew` are not run unless named.
+    /// `w6`, `w7`, `skew`, `skew_tcp`), for a short run such as the 16-core scaling script (`.ci/scaling`).
+    /// `floor`, `skew` and `skew_tcp` are not run unless named.
     parts: Option<Vec<String>>,
 }
 
@@ -1351,7 +1357,7 @@ impl Args {
     fn part(&self, part: &str) -> bool {
         match &self.parts {
             Some(parts) => parts.iter().any(|x| x == part),
-            None => part != "floor" && part != "skew",
+            None => part != "floor" && part != "skew" && part != "skew_tcp",
         }
     }
 

@@ -13,7 +13,11 @@
 # runtime against the same tokio), VT_PIN_MODES (e.g. "1 0": one more vt server per mode, named
 # vt-pin1 / vt-pin0, run with VT_PIN_CARRIERS set to it, beside the default `vt`, whose carriers
 # are pinned until their CPU is shared), VT_STD=1 (one more server, vt-std: the same server on
-# std::net's own types, `--std`, built with the `hooks` feature that parks them; arch/hooks.md).
+# std::net's own types, `--std`, built with the `hooks` feature that parks them; arch/hooks.md),
+# VT_ACCEPT (how the vt servers accept: `one`, the default, one listener and acceptor;
+# `per-carrier`, a listener and acceptor per carrier on the port, `--accept per-carrier`,
+# arch/decisions/0015-acceptor-per-carrier.md; `both`, one more server, vt-pc, run with
+# `--accept per-carrier` beside `vt`).
 # Installs wrk with apt-get if it is missing.
 set -euo pipefail
 
@@ -25,8 +29,15 @@ VT_ARGS=${VT_ARGS:-}
 TOKIO_ARGS=${TOKIO_ARGS:-}
 VT_PIN_MODES=${VT_PIN_MODES:-}
 VT_STD=${VT_STD:-}
+VT_ACCEPT=${VT_ACCEPT:-one}
 SERVERS=(vt tokio)
 [ -z "$VT_STD" ] || SERVERS+=(vt-std)
+case $VT_ACCEPT in
+    one) ACCEPT_ARGS= ;;
+    per-carrier) ACCEPT_ARGS="--accept per-carrier" ;;
+    both) ACCEPT_ARGS= && SERVERS+=(vt-pc) ;;
+    *) echo "wrk.sh: VT_ACCEPT takes one, per-carrier or both, got '$VT_ACCEPT'" >&2; exit 2 ;;
+esac
 for mode in $VT_PIN_MODES; do
     case $mode in
         0 | 1) SERVERS+=("vt-pin$mode") ;;
@@ -81,8 +92,9 @@ start_server() {
     local name=$1 log="$work/server.out"
     local -a cmd
     case $name in
-        vt) read -r -a cmd <<<"env VT_PIN_CARRIERS= $VT_BIN --port 0 $VT_ARGS" ;;
-        vt-pin*) read -r -a cmd <<<"env VT_PIN_CARRIERS=${name#vt-pin} $VT_BIN --port 0 $VT_ARGS" ;;
+        vt) read -r -a cmd <<<"env VT_PIN_CARRIERS= $VT_BIN --port 0 $ACCEPT_ARGS $VT_ARGS" ;;
+        vt-pc) read -r -a cmd <<<"env VT_PIN_CARRIERS= $VT_BIN --port 0 --accept per-carrier $VT_ARGS" ;;
+        vt-pin*) read -r -a cmd <<<"env VT_PIN_CARRIERS=${name#vt-pin} $VT_BIN --port 0 $ACCEPT_ARGS $VT_ARGS" ;;
         vt-std) read -r -a cmd <<<"env VT_PIN_CARRIERS= $work/http_server_hooks --std --port 0 $VT_ARGS" ;;
         tokio) read -r -a cmd <<<"$bin_dir/http_server_tokio --port 0 $TOKIO_ARGS" ;;
     esac

@@ -12,7 +12,8 @@
 //! | sleep, yield, park | [`sleep`], [`yield_now`], [`park`] / [`Fiber::unpark`], [`current`] |
 //! | lock, signal, count down | [`sync`]: [`Mutex`](sync::Mutex), [`RwLock`](sync::RwLock), [`Condvar`](sync::Condvar), [`Semaphore`](sync::Semaphore), [`Barrier`](sync::Barrier), [`WaitGroup`](sync::WaitGroup), [`OnceLock`](sync::OnceLock) |
 //! | send messages, wait on several | [`channel`]: [`bounded`](channel::bounded), [`unbounded`](channel::unbounded), [`oneshot`](channel::oneshot), [`select!`] |
-//! | serve or call over the network | [`net`]: [`TcpListener`](net::TcpListener), [`TcpStream`](net::TcpStream), [`UdpSocket`](net::UdpSocket) |
+//! | serve or call over the network | [`net`]: [`serve`](net::serve) (a listener and an acceptor per carrier), [`TcpListener`](net::TcpListener), [`TcpStream`](net::TcpStream), [`UdpSocket`](net::UdpSocket) |
+//! | start a fiber on a chosen carrier | [`Builder::carrier`], [`Handle::spawn_on_carrier`], [`current_carrier`] |
 //! | read and write files | [`fs`] |
 //! | call a library that blocks its thread | [`blocking`] |
 //! | stop a fiber, or code past a deadline | [`JoinHandle::cancel`], [`CancelHandle`], [`timeout`], [`uncancellable`] |
@@ -137,7 +138,7 @@ pub use fiber::stop::{Cancelled, check_cancelled, is_cancelled};
 pub use fiber::wait::WaitReason;
 pub use join_set::JoinSet;
 pub use pool::{PoolScope, ThreadPool, ThreadPoolBuilder};
-pub use runtime::inspect::{dump, metrics};
+pub use runtime::inspect::{current_carrier, dump, metrics};
 pub use runtime::metrics::{BlockingLocation, CarrierMetrics, Metrics};
 pub use runtime::spawn::{Builder, spawn};
 pub use runtime::{Handle, Runtime};

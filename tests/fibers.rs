@@ -860,3 +860,67 @@ fn fibers_spawned_by_one_fiber_start_on_every_carrier() {
     let busy = started.iter().filter(|&&s| s >= 10).count();
     assert!(busy >= 2, "fibers started per carrier: {started:?}\n{m}");
 }
+
+// ---- spawning onto a named carrier -----------------------------------------------------------
+
+/// `Handle::spawn_on_carrier` and `Builder::carrier`, from a plain thread and from a fiber of
+/// either carrier: each fiber starts on the carrier named, and is still there after its waits.
+#[test]
+fn fibers_spawned_on_a_named_carrier_start_and_stay_there() {
+    let rt = rt(2);
+    let h = rt.handle();
+    assert_eq!(h.carriers(), 2);
+    assert_eq!(vt::current_carrier(), None, "a plain thread is no carrier");
+    let where_it_runs = || {
+        let first = vt::current_carrier();
+        vt::yield_now();
+        vt::sleep(Duration::from_millis(1));
+        (first, vt::current_carrier())
+    };
+    for i in 0..2 {
+        let hs: Vec<_> = (0..200).map(|_| h.spawn_on_carrier(i, where_it_runs).unwrap()).collect();
+        for j in hs {
+            assert_eq!(j.join().unwrap(), (Some(i), Some(i)));
+        }
+    }
+    // From fibers on each carrier, to each carrier (its own included).
+    for from in 0..2 {
+        let got = h
+            .spawn_on_carrier(from, move || {
+                assert_eq!(vt::current_carrier(), Some(from));
+                let hs: Vec<_> = (0..2)
+                    .flat_map(|to| {
+                        (0..50).map(move |_| (to, vt::Builder::new().carrier(to).spawn(where_it_runs)))
+                    })
+                    .collect();
+                hs.into_iter().map(|(to, j)| (to, j.unwrap().join().unwrap())).collect::<Vec<_>>()
+            })
+            .unwrap()
+            .join()
+            .unwrap();
+        for (to, ran) in got {
+            assert_eq!(ran, (Some(to), Some(to)), "spawned from carrier {from} onto {to}");
+        }
+    }
+}
+
+#[test]
+fn a_carrier_index_out_of_range_is_invalid_input_naming_the_setting() {
+    let rt = rt(2);
+    let ran = Arc::new(AtomicBool::new(false));
+    for i in [2, 3, usize::MAX] {
+        let r = ran.clone();
+        let e = rt.handle().spawn_on_carrier(i, move || r.store(true, Ordering::SeqCst)).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::InvalidInput);
+        let msg = e.to_string();
+        assert!(
+            msg.contains("carrier") && msg.contains(&i.to_string()) && msg.contains("2 carriers"),
+            "{msg}"
+        );
+        let r = ran.clone();
+        let e = rt.block_on(|| vt::Builder::new().carrier(i).spawn(move || r.store(true, Ordering::SeqCst)));
+        assert_eq!(e.unwrap_err().kind(), io::ErrorKind::InvalidInput);
+    }
+    drop(rt);
+    assert!(!ran.load(Ordering::SeqCst), "a spawn that failed never runs");
+}

@@ -270,8 +270,21 @@ fn a_drop_that_waits_for_a_fiber_blocked_in_the_os_says_so() {
     let (tx, rx) = mpsc::channel::<()>();
     rt.spawn(move || {
         tx.send(()).unwrap();
-        // Blocks the carrier in the OS past the report's threshold (2 s).
-        std::thread::sleep(Duration::from_secs(3));
+        // Blocks the carrier in the OS past the report's threshold (2 s). The system call
+        // itself, not `std::thread::sleep`: with the `hooks` feature, libc's `nanosleep` parks
+        // the fiber instead, and the drop would unwind it without waiting.
+        let until = Instant::now() + Duration::from_secs(3);
+        while let Some(left) = until.checked_duration_since(Instant::now()).filter(|d| !d.is_zero()) {
+            let ts = libc::timespec { tv_sec: left.as_secs() as _, tv_nsec: left.subsec_nanos() as _ };
+            // SAFETY: a valid timespec, and no remainder wanted (a signal's early return loops).
+            unsafe {
+                libc::syscall(
+                    libc::SYS_nanosleep,
+                    &ts as *const libc::timespec,
+                    std::ptr::null_mut::<libc::timespec>(),
+                )
+            };
+        }
     });
     rx.recv_timeout(LIMIT).unwrap();
     drop(rt);
@@ -381,4 +394,58 @@ fn a_fiber_woken_by_a_busy_loop_runs_elsewhere() {
         assert!(done.load(SeqCst), "the receiver woken by the busy loop never got {K} messages");
         receiver.join().unwrap();
     }
+}
+
+// ---- E: fibers spawned onto a named carrier ----------------------------------------------------
+
+/// Counts its drops: each closure it is captured in is dropped exactly once.
+struct Counted(Arc<AtomicUsize>);
+
+impl Drop for Counted {
+    fn drop(&mut self) {
+        self.0.fetch_add(1, SeqCst);
+    }
+}
+
+/// Fibers spawned onto carrier 1 (`Handle::spawn_on_carrier`) while it is blocked in the OS,
+/// then the runtime dropped: whether each had started or still waited in the carrier's inbox,
+/// each is unwound once (its closure dropped), and every join returns an error. A spawn onto a
+/// carrier after the drop fails its join at once, as `Handle::spawn` does.
+#[test]
+fn fibers_queued_for_a_blocked_carrier_are_unwound_by_the_drop() {
+    const N: usize = 100;
+    let rt = rt(2);
+    let h = rt.handle();
+    let (blocked_tx, blocked_rx) = mpsc::channel();
+    let blocker = h
+        .spawn_on_carrier(1, move || {
+            blocked_tx.send(()).unwrap();
+            // Without the `hooks` feature this blocks the carrier's thread, so the fibers below
+            // wait in its inbox; with them it parks the fiber, and they may start: either way
+            // the drop must unwind each of them once.
+            std::thread::sleep(Duration::from_millis(200));
+        })
+        .unwrap();
+    blocked_rx.recv_timeout(LIMIT).expect("the blocker started");
+    let drops = Arc::new(AtomicUsize::new(0));
+    let queued: Vec<_> = (0..N)
+        .map(|_| {
+            let c = Counted(drops.clone());
+            h.spawn_on_carrier(1, move || {
+                let _c = c;
+                loop {
+                    vt::park();
+                }
+            })
+            .unwrap()
+        })
+        .collect();
+    within(LIMIT, "the runtime's drop", move || drop(rt));
+    assert_eq!(drops.load(SeqCst), N, "each closure dropped once");
+    assert!(queued.into_iter().all(|j| j.join().is_err()), "each parked or queued fiber was unwound");
+    let _ = blocker.join();
+    let r = within(LIMIT, "join of a fiber spawned onto a carrier after the drop", move || {
+        h.spawn_on_carrier(0, || 7).unwrap().join()
+    });
+    assert!(r.is_err());
 }

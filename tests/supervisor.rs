@@ -754,3 +754,79 @@ fn a_hog_with_only_home_fibers_behind_it_starts_no_carrier() {
     let m = rt.metrics();
     assert_eq!((m.compensations, m.carriers_peak), (0, 1), "{m}");
 }
+
+/// A fiber spawned onto a carrier by name (`Handle::spawn_on_carrier`) waits for that carrier:
+/// while carrier 1 is blocked in the OS (and caught so by the supervisor), the fiber queued for
+/// it does not start on carrier 0 or on a spare; it starts on carrier 1 once the block ends.
+/// Unpinned fibers spawned meanwhile run elsewhere.
+#[test]
+fn a_fiber_spawned_onto_a_blocked_carrier_waits_for_it() {
+    pinned_fiber_waits_while(
+        || block_carrier(Duration::from_millis(20)),
+        |rt| eventually("the supervisor catches carrier 1 blocked", || rt.metrics().detections >= 1),
+    );
+}
+
+/// The same while a fiber computes on carrier 1 with no switch point (a hog): the supervisor
+/// samples it for 300 ms (long enough to warn, or to start a spare for work a spare could take),
+/// and the fiber queued for carrier 1 still waits for it.
+#[test]
+fn a_fiber_spawned_onto_a_hogged_carrier_waits_for_it() {
+    pinned_fiber_waits_while(
+        || {
+            let t = Instant::now();
+            while t.elapsed() < Duration::from_millis(20) {
+                std::hint::spin_loop();
+            }
+        },
+        // A window for the supervisor to act, not a wait for an event: what is checked is that
+        // nothing it does in the window starts the fiber elsewhere.
+        |_| std::thread::sleep(Duration::from_millis(300)),
+    );
+}
+
+/// Holds carrier 1 with `hold` (called in a loop, no switch point between calls) while a fiber
+/// spawned onto carrier 1 waits, runs `meanwhile` on this thread, then lets carrier 1 go.
+fn pinned_fiber_waits_while(hold: fn(), meanwhile: impl FnOnce(&vt::Runtime)) {
+    let rt = vt::Runtime::builder()
+        .carriers(2)
+        .supervisor_interval(common::supervisor_interval(10))
+        .build()
+        .unwrap();
+    let h = rt.handle();
+    let (holding, release, pinned_ran) = (
+        Arc::new(AtomicBool::new(false)),
+        Arc::new(AtomicBool::new(false)),
+        Arc::new(AtomicBool::new(false)),
+    );
+    let holder = {
+        let (holding, release, pinned_ran) = (holding.clone(), release.clone(), pinned_ran.clone());
+        h.spawn_on_carrier(1, move || {
+            holding.store(true, Ordering::SeqCst);
+            // No switch point until `release`: nothing else runs on carrier 1 meanwhile.
+            while !release.load(Ordering::SeqCst) {
+                hold();
+            }
+            pinned_ran.load(Ordering::SeqCst)
+        })
+        .unwrap()
+    };
+    eventually("the holder runs", || holding.load(Ordering::SeqCst));
+    let pinned = {
+        let pinned_ran = pinned_ran.clone();
+        h.spawn_on_carrier(1, move || {
+            pinned_ran.store(true, Ordering::SeqCst);
+            vt::current_carrier()
+        })
+        .unwrap()
+    };
+    let others: Vec<_> = (0..100).map(|_| h.spawn(vt::current_carrier)).collect();
+    for o in others {
+        assert_ne!(o.join().unwrap(), Some(1), "carrier 1 is held");
+    }
+    meanwhile(&rt);
+    assert!(!pinned_ran.load(Ordering::SeqCst), "the pinned fiber started while its carrier was held");
+    release.store(true, Ordering::SeqCst);
+    assert!(!holder.join().unwrap(), "the pinned fiber ran while its carrier was held");
+    assert_eq!(pinned.join().unwrap(), Some(1));
+}

@@ -12,6 +12,13 @@
 //! their fiber only when the library's `hooks` feature interposes libc (`arch/hooks.md`):
 //! `cargo run --release -p vt-bench --features hooks --example http_server -- --std`.
 //! `benches/wrk.sh` with `VT_STD=1` compares it with the `vt::net` server in one run.
+//!
+//! `--accept per-carrier` serves with `vt::net::serve`: a listener per carrier on the port
+//! (`SO_REUSEPORT`), each with an acceptor fiber on its carrier, so the kernel spreads the
+//! connections over the carriers and each stays where it was accepted
+//! (`arch/decisions/0015-acceptor-per-carrier.md`); the default, `one`, is one listener and
+//! one acceptor, whose connections start wherever a carrier takes them first.
+//! `VT_ACCEPT=per-carrier benches/wrk.sh` picks it there.
 
 use std::io::{self, Read, Write};
 
@@ -33,10 +40,24 @@ fn main() {
             args::flag("--carriers", "N", "", "carriers (default: one per usable CPU)"),
             args::flag("--no-pin", "", "", "leave carriers unpinned (`pin_carriers(false)`)"),
             args::flag("--std", "", "", "std::net in place of vt::net (needs the `hooks` feature)"),
+            args::flag(
+                "--accept",
+                "MODE",
+                "one",
+                "one: one listener and acceptor; per-carrier: one of each per carrier",
+            ),
         ],
     );
+    let per_carrier = match a.value::<String>("--accept").as_str() {
+        "one" => false,
+        "per-carrier" => true,
+        other => a.fail(&format!("--accept {other}: expected `one` or `per-carrier`")),
+    };
     let (ip, port): (String, u16) = (a.value("--addr"), a.value("--port"));
     let std_net = a.switch("--std");
+    if std_net && per_carrier {
+        a.fail("--std serves std::net's one listener: --accept per-carrier is for vt::net");
+    }
     if std_net && !cfg!(feature = "hooks") {
         // Without the hooks every std::net call would hold its carrier: a server that would
         // look like it works until its carriers run out.
@@ -60,17 +81,23 @@ fn main() {
     let mut stop = Signals::new(&[Signal::INT, Signal::TERM]).unwrap_or_else(|e| a.fail(&e.to_string()));
     let sig = rt.block_on(|| {
         let bind_failed = |e: io::Error| -> ! { a.fail(&format!("bind {ip}:{port}: {e}")) };
-        let (addr, server) = if std_net {
+        // The acceptors serve until the runtime is dropped, when Ctrl-C or SIGTERM ends `main`.
+        let (addr, net) = if std_net {
             let listener =
                 std::net::TcpListener::bind((ip.as_str(), port)).unwrap_or_else(|e| bind_failed(e));
-            (listener.local_addr(), vt::spawn(move || serve_std(listener)))
+            let addr = listener.local_addr();
+            vt::spawn(move || serve_std(listener));
+            (addr, "std::net")
+        } else if per_carrier {
+            let server = serve_per_carrier((ip.as_str(), port)).unwrap_or_else(|e| bind_failed(e));
+            (Ok(server.local_addr()), "vt::net, an acceptor per carrier")
         } else {
             let listener = vt::net::TcpListener::bind((ip.as_str(), port)).unwrap_or_else(|e| bind_failed(e));
-            (listener.local_addr(), vt::spawn(move || serve(listener)))
+            let addr = listener.local_addr();
+            vt::spawn(move || serve(listener));
+            (addr, "vt::net")
         };
-        let net = if std_net { "std::net" } else { "vt::net" };
         println!("http_server listening on http://{} ({net}; Ctrl-C stops it)", addr.unwrap());
-        drop(server);
         stop.wait()
     });
     println!("http_server: {sig}, stopping");
@@ -87,6 +114,12 @@ pub fn serve(listener: vt::net::TcpListener) {
             Err(e) => eprintln!("http_server: accept: {e}"),
         }
     }
+}
+
+/// `--accept per-carrier`: a listener and an acceptor per carrier (`vt::net::serve`), the same
+/// connection code.
+pub fn serve_per_carrier(addr: impl std::net::ToSocketAddrs) -> io::Result<vt::net::Server> {
+    vt::net::serve(addr, |conn| report(conn.set_nodelay(true).and_then(|()| connection(conn))))
 }
 
 /// `serve` with std's own types: the same code a thread-per-connection server would have.

@@ -55,6 +55,14 @@ fn http_server_keeps_connections_alive_and_answers_pipelined_requests() {
     check_http_server(addr);
 }
 
+/// `--accept per-carrier`: a listener and an acceptor per carrier answer alike.
+#[test]
+fn http_server_with_an_acceptor_per_carrier_answers_alike() {
+    let server = http_server::serve_per_carrier("127.0.0.1:0").unwrap();
+    check_http_server(server.local_addr());
+    server.stop();
+}
+
 /// `--std`: the same server on std::net's own listener and streams, which the `hooks` feature
 /// parks (`arch/hooks.md`), answers alike.
 #[cfg(feature = "hooks")]

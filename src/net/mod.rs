@@ -48,11 +48,13 @@
 mod macros;
 
 mod addr;
+mod serve;
 mod source;
 mod tcp;
 mod udp;
 pub mod unix;
 
+pub use serve::{Server, serve, serve_on};
 pub use std::net::{
     AddrParseError, IpAddr, Ipv4Addr, Ipv6Addr, Shutdown, SocketAddr, SocketAddrV4, SocketAddrV6,
     ToSocketAddrs,

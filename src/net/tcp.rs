@@ -155,13 +155,39 @@ impl TcpListener {
     /// Binds a listener to `addr`, trying each address it resolves to (`SO_REUSEADDR` set, as
     /// std does; the backlog is as large as the kernel allows).
     pub fn bind<A: ToSocketAddrs>(addr: A) -> io::Result<TcpListener> {
-        each_addr(addr, |a| {
-            let fd = sys::socket(a, sys::STREAM)?;
-            sys::set_reuseaddr(fd.as_fd())?;
-            sys::bind(fd.as_fd(), a)?;
-            sys::listen(fd.as_fd(), BACKLOG)?;
-            Ok(TcpListener { io: IoSource::new(net::TcpListener::from(fd), false) })
-        })
+        each_addr(addr, |a| TcpListener::bind_addr(a, false))
+    }
+
+    /// `bind` with `SO_REUSEPORT` set as well: other listeners bound the same way, by this
+    /// user, may share the address and port, and the kernel spreads new connections among
+    /// them (by a hash of each connection's addresses, so one client's connections from
+    /// different ports spread too). A listener per carrier, each with its own acceptor fiber
+    /// started on that carrier, is what [`serve`](crate::net::serve) builds from this.
+    ///
+    /// Port 0 picks a free port for this listener only: bind the others to its
+    /// [`local_addr`](TcpListener::local_addr) to share it.
+    ///
+    /// ```
+    /// use virtual_threads as vt;
+    ///
+    /// let a = vt::net::TcpListener::bind_reuseport("127.0.0.1:0")?;
+    /// let b = vt::net::TcpListener::bind_reuseport(a.local_addr()?)?;
+    /// assert_eq!(a.local_addr()?, b.local_addr()?);
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
+    pub fn bind_reuseport<A: ToSocketAddrs>(addr: A) -> io::Result<TcpListener> {
+        each_addr(addr, |a| TcpListener::bind_addr(a, true))
+    }
+
+    fn bind_addr(a: &SocketAddr, reuseport: bool) -> io::Result<TcpListener> {
+        let fd = sys::socket(a, sys::STREAM)?;
+        sys::set_reuseaddr(fd.as_fd())?;
+        if reuseport {
+            sys::set_reuseport(fd.as_fd())?;
+        }
+        sys::bind(fd.as_fd(), a)?;
+        sys::listen(fd.as_fd(), BACKLOG)?;
+        Ok(TcpListener { io: IoSource::new(net::TcpListener::from(fd), false) })
     }
 
     /// The local address.

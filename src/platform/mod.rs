@@ -261,6 +261,17 @@ pub(crate) fn explain_fd_error(e: io::Error) -> io::Error {
     io::Error::new(e.kind(), OutOfDescriptors { os: e, why })
 }
 
+/// Whether `e`, from `accept`, is a shortage (descriptors, buffers, memory) that may be over
+/// after a pause: the connection stays queued. Sees through `explain_fd_error`'s wrapper.
+pub(crate) fn is_shortage(e: &io::Error) -> bool {
+    let os = e.raw_os_error().or_else(|| {
+        e.get_ref()
+            .and_then(|inner| inner.downcast_ref::<OutOfDescriptors>())
+            .and_then(|o| o.os.raw_os_error())
+    });
+    matches!(os, Some(libc::EMFILE | libc::ENFILE | libc::ENOBUFS | libc::ENOMEM))
+}
+
 /// See [`explain_fd_error`].
 #[derive(Debug)]
 struct OutOfDescriptors {

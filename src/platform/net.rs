@@ -50,6 +50,13 @@ pub(crate) fn set_reuseaddr(fd: BorrowedFd<'_>) -> io::Result<()> {
     setsockopt(fd, libc::SOL_SOCKET, libc::SO_REUSEADDR, &on)
 }
 
+/// `SO_REUSEPORT`: several listening sockets of this user on one address and port, among
+/// which the kernel spreads incoming connections by a hash of their addresses.
+pub(crate) fn set_reuseport(fd: BorrowedFd<'_>) -> io::Result<()> {
+    let on: libc::c_int = 1;
+    setsockopt(fd, libc::SOL_SOCKET, libc::SO_REUSEPORT, &on)
+}
+
 pub(crate) fn bind(fd: BorrowedFd<'_>, addr: &SocketAddr) -> io::Result<()> {
     let (raw, len) = SockAddr::from(addr);
     // SAFETY: `raw` is a valid sockaddr of `len` bytes for the duration of the call.

@@ -19,3 +19,15 @@ pub fn metrics() -> Metrics {
 pub fn dump() -> FiberDump {
     Handle::current().dump()
 }
+
+/// `let i = vt::current_carrier();`: the index of the carrier the calling fiber runs on (0 to
+/// its runtime's [`carriers`](Handle::carriers) less one, or above for a spare the supervisor
+/// added), or `None` on a plain thread. A started fiber stays on its home carrier, so for it
+/// the answer does not change (unless the runtime was built with `migrate_started_fibers`).
+/// [`Builder::carrier`](crate::Builder::carrier) spawns onto a carrier by this index.
+pub fn current_carrier() -> Option<usize> {
+    let c = crate::scheduler::carrier::here();
+    // SAFETY: a non-null carrier pointer is this thread's live carrier, read before any switch
+    // point.
+    (!c.is_null()).then(|| unsafe { (*c).index() })
+}

@@ -153,7 +153,7 @@ impl Runtime {
 
     /// The number of carriers this runtime was built with.
     pub fn carriers(&self) -> usize {
-        self.handle.rt.config().carriers
+        self.handle.carriers()
     }
 
     /// Starts recording an execution trace into `path` (see [`Builder::trace`] for what it
@@ -214,6 +214,28 @@ impl Handle {
             Ok(h) => h,
             Err(e) => panic!("failed to spawn fiber: {e}"),
         }
+    }
+
+    /// Spawns a fiber that starts on carrier `index` of the runtime and stays there (its home):
+    /// [`vt::Builder::carrier`](crate::Builder::carrier), which says what that gives up.
+    ///
+    /// # Errors
+    /// `InvalidInput` when `index` is not below [`carriers`](Handle::carriers); as
+    /// [`crate::Builder::spawn_on`] when no stack can be had.
+    #[track_caller]
+    pub fn spawn_on_carrier<F, T>(&self, index: usize, f: F) -> io::Result<JoinHandle<T>>
+    where
+        F: FnOnce() -> T + Send + 'static,
+        T: Send + 'static,
+    {
+        check_not_forked(self);
+        FiberBuilder::new().carrier(index).spawn_on(self, f)
+    }
+
+    /// The number of carriers the runtime was built with (spares the supervisor adds for
+    /// carriers blocked in the OS not counted): the indices `spawn_on_carrier` takes.
+    pub fn carriers(&self) -> usize {
+        self.rt.config().carriers
     }
 
     /// See [`Runtime::block_on`].

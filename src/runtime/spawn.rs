@@ -23,6 +23,7 @@ use crate::scheduler::carrier::Carrier;
 pub struct Builder {
     name: Option<String>,
     stack_size: Option<usize>,
+    carrier: Option<usize>,
 }
 
 impl Builder {
@@ -52,11 +53,41 @@ impl Builder {
         self
     }
 
+    /// Starts the fiber on carrier `index` (0 to [`Handle::carriers`](crate::Handle::carriers)
+    /// less one) instead of wherever the runtime finds room: it is queued where only that
+    /// carrier looks (its inbox), starts there, and so has it as its home for its whole life
+    /// (`arch/decisions/0003-home-carriers.md`). A server that keeps one acceptor per carrier
+    /// spawns each acceptor this way ([`vt::net::serve`](crate::net::serve)); so does code that
+    /// wants one fiber per carrier.
+    ///
+    /// What that gives up: the fiber waits for its carrier. While that carrier runs a long
+    /// computation, or is blocked in the OS, the fiber is not started elsewhere: the spare
+    /// carriers the supervisor adds take only fibers that may run anywhere, and a spawn site
+    /// the supervisor learnt blocks does not move it either. When the runtime is dropped before
+    /// it started, it is unwound like any queued fiber (its closure is dropped, its `join`
+    /// returns an error). With `migrate_started_fibers`, it starts on the carrier and may then
+    /// move like any started fiber.
+    ///
+    /// ```
+    /// use virtual_threads as vt;
+    ///
+    /// let rt = vt::Runtime::builder().carriers(2).build()?;
+    /// let h = vt::Builder::new().carrier(1).spawn_on(&rt.handle(), || vt::current_carrier())?;
+    /// assert_eq!(h.join().unwrap(), Some(1));
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
+    pub fn carrier(mut self, index: usize) -> Builder {
+        self.carrier = Some(index);
+        self
+    }
+
     /// Spawns the fiber on the current runtime: the caller's if it is a fiber, otherwise the
     /// process-wide default runtime (started on first use).
     ///
-    /// Errors: `InvalidInput` for a stack size out of range; `OutOfMemory` when no stack can be
-    /// had (the message names the limit and how to raise it).
+    /// Errors: `InvalidInput` for a stack size out of range, or a [`carrier`](Builder::carrier)
+    /// index the runtime does not have (the message names the setting and the count);
+    /// `OutOfMemory` when no stack can be had (the message names the limit and how to raise
+    /// it). A spawn that returned `Ok` runs (or, if the runtime is dropped first, is unwound).
     #[track_caller]
     pub fn spawn<F, T>(self, f: F) -> io::Result<JoinHandle<T>>
     where
@@ -64,7 +95,7 @@ impl Builder {
         T: Send + 'static,
     {
         let at = Location::caller();
-        if self.name.is_none() && self.stack_size.is_none() {
+        if self.name.is_none() && self.stack_size.is_none() && self.carrier.is_none() {
             return spawn_here(f, at);
         }
         // SAFETY: `F` and `T` are 'static: nothing borrowed can dangle.
@@ -98,6 +129,9 @@ impl Builder {
         F: FnOnce() -> T + Send,
         T: Send,
     {
+        if let Some(i) = self.carrier {
+            check_carrier(rt, i)?;
+        }
         let class = match self.stack_size {
             Some(bytes) => SizeClass::get(usable_size(bytes)?),
             None => rt.stacks(),
@@ -144,15 +178,33 @@ impl Builder {
         // SAFETY: `slot` came from a pool (or is new): unused and ours.
         let (rec, for_handle) = unsafe { prepare(slot, init, f) };
         let handle = JoinHandle::new(for_handle);
-        match local {
-            Some(c) => {
+        match (self.carrier, local) {
+            (Some(i), _) => rt.schedule_spawned_on(i, rec),
+            (None, Some(c)) => {
                 c.schedule_spawned(rec);
                 fork_yield(c);
             }
-            None => rt.schedule_spawned_remote(rec),
+            (None, None) => rt.schedule_spawned_remote(rec),
         }
         Ok(handle)
     }
+}
+
+/// `Builder::carrier`'s check: one of the carriers the runtime was built with (a spare, which
+/// comes and goes, is not a place to start a fiber on).
+fn check_carrier(rt: &RuntimeRef, index: usize) -> io::Result<()> {
+    let n = rt.config().carriers;
+    if index < n {
+        return Ok(());
+    }
+    Err(io::Error::new(
+        io::ErrorKind::InvalidInput,
+        format!(
+            "carrier index {index} is out of range (vt::Builder::carrier, Handle::spawn_on_carrier): \
+             the runtime has {n} carriers, 0 to {}",
+            n - 1
+        ),
+    ))
 }
 
 /// The stage's functions for a closure of `f`'s type (named by a value: with the `tracing`

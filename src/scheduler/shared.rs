@@ -425,6 +425,23 @@ impl Shared {
     pub(crate) fn schedule_spawned_remote(&self, rec: FiberRef) {
         self.remote.spawned.fetch_add(1, Ordering::Relaxed);
         self.trace_spawn_remote(&rec);
+        self.queue_new(rec, |f| self.schedule_remote(f));
+    }
+
+    /// A new fiber that must start on carrier `index` (`vt::Builder::carrier`): homed there
+    /// before it is queued, so that only that carrier takes it (its inbox is not stolen from,
+    /// and a fiber with a home is not handed to a spare). From any thread, a carrier of this
+    /// runtime or not.
+    pub(crate) fn schedule_spawned_on(&self, index: usize, rec: FiberRef) {
+        debug_assert!(index < self.target && !rec.started.get());
+        self.remote.spawned.fetch_add(1, Ordering::Relaxed);
+        self.trace_spawn_remote(&rec);
+        rec.home.store(index, Ordering::Relaxed);
+        self.queue_new(rec, |f| self.push_inbox(index, f));
+    }
+
+    /// Queues a new fiber with `queue`, unless the runtime's drop has begun.
+    fn queue_new(&self, rec: FiberRef, queue: impl FnOnce(FiberRef)) {
         // SeqCst, against the drop's store: a spawn through a handle that sees `shutdown`
         // unwinds the fiber itself (never queued, so never started: any thread will do), so its
         // join returns. One queued is unwound by the drop (`cancel_all`, or `drain_queues`),
@@ -436,7 +453,7 @@ impl Shared {
             shutdown::cancel(rec);
         } else {
             let again = rec.clone();
-            self.schedule_remote(rec);
+            queue(rec);
             if self.drain.queues_orphaned() {
                 shutdown::cancel(again);
             }

@@ -75,7 +75,9 @@ impl Carrier {
             // One look-up of the spawn site serves the hand-off and the count of runs.
             let site = slot.locations.entry(f.spawned_at());
             let known = site.is_some_and(|e| e.known.load(Ordering::Relaxed));
-            if known && !self.is_spare {
+            // Not one spawned onto this carrier by name (`Builder::carrier`, homed already):
+            // the spawner chose where it runs.
+            if known && !self.is_spare && f.home.load(Ordering::Relaxed) == NO_HOME {
                 match self.give_known_blocker_away(f) {
                     Ok(()) => {
                         // Its run is counted where it starts.
@@ -100,6 +102,9 @@ impl Carrier {
             f.started.set(true);
             if !self.rt.config.migrate_started_fibers {
                 f.home.store(self.index, Ordering::Relaxed);
+            } else if f.home.load(Ordering::Relaxed) != NO_HOME {
+                // Spawned onto this carrier by name: it started here, and now moves as any.
+                f.home.store(NO_HOME, Ordering::Relaxed);
             }
             slot.stats.started.store(started, Ordering::Relaxed);
             // SAFETY: we popped `f`: exclusive access.
