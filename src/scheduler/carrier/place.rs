@@ -92,8 +92,10 @@ impl Carrier {
     #[cold]
     #[inline(never)]
     pub(super) fn place(&self, f: FiberRef, known: bool) -> Result<(), FiberRef> {
-        // A known blocker keeps its own hand-off; a placed fiber is never placed again.
-        if known || f.carrier.load(Ordering::Relaxed) == PLACED {
+        // A known blocker keeps its own hand-off; a placed fiber is never placed again; one
+        // spawned onto this carrier by name (`Builder::carrier`, homed before its first run)
+        // stays where its spawner put it.
+        if known || f.carrier.load(Ordering::Relaxed) == PLACED || f.home.load(Ordering::Relaxed) != NO_HOME {
             return Err(f);
         }
         let calls = self.place_calls.get() + 1;
