@@ -40,49 +40,69 @@ impl<T> std::ops::Deref for CachePadded<T> {
     }
 }
 
-/// The part of a carrier that other threads touch.
+/// The part of a carrier that other threads touch, in four groups of whole line pairs, so that
+/// a line one thread writes often is not a line another reads often (a shared line costs two
+/// transfers, one per side, and a cross-core transfer 38–391 ns on the project's machine:
+/// `arch/performance.md`). `repr(C)` keeps the order; each `LineBreak` starts a new pair.
+#[repr(C)]
 pub(crate) struct CarrierSlot {
+    // 1. Read by other threads, written seldom: at start, by the supervisor, in a trace.
     pub(super) stealer: run_queue::Remote<FiberRef>,
-    /// Fibers at home here, made runnable by another thread (`inbox.rs`). Not stealable.
-    pub(super) inbox: inbox::Inbox<FiberRef>,
-    /// Fibers in this carrier's private home queue (written by the carrier alone), for the
-    /// supervisor and dumps: fibers that only this carrier may run.
-    pub(super) home_len: AtomicUsize,
-    pub(super) timers: Mutex<TimerHeap>,
-    /// Earliest deadline in `timers`, in ns since the runtime's epoch (`u64::MAX`: none).
-    pub(super) next_deadline: AtomicU64,
     pub(super) thread: OnceLock<Thread>,
-    /// Bumped by the carrier at every fiber switch (single writer); the supervisor samples it.
-    pub(super) progress: AtomicU64,
     /// The carrier's trace ring while a trace runs, else null: the one load the wake and spawn
-    /// hooks make, next to a line the switch writes anyway (`trace/`). The switch tests
-    /// `TRACING` in `flags` instead.
+    /// hooks make (`trace/`). The switch tests `TRACING` in `flags` instead.
     pub(super) trace: AtomicPtr<super::trace::Ring>,
-    /// The carrier sleeps (or is about to) in `epoll_wait` on its poll set: waking it takes
-    /// the set's eventfd. Raised by every idle carrier, and by a retired spare.
-    pub(super) on_reactor: AtomicBool,
-    /// The fiber this carrier runs next (a `FiberRef` as a raw pointer, or null). Only the
-    /// owner puts fibers here; a compensating carrier may take one out of a blocked owner.
-    pub(super) lifo: AtomicPtr<FiberRecord>,
-    /// Location of the fiber running now (its spawn site, or its `blocking` call site), or null
-    /// between fibers. Written by the carrier at every switch; sampled by the supervisor.
-    pub(super) location: AtomicPtr<Location<'static>>,
     /// `IN_BLOCKING`, `CAUGHT` and `TRACING`, in one word so that a switch out tests all three
     /// with one load (`Carrier::switched_out`; all are rare).
     pub(super) flags: AtomicU8,
+    /// A spare carrier parked until compensation needs it again.
+    pub(super) retired: AtomicBool,
     /// The carrier thread's kernel id, for `/proc/self/task/<tid>/stat`.
     pub(super) tid: AtomicI32,
     pub(super) locations: locations::LocationMap,
-    /// A spare carrier parked until compensation needs it again.
-    pub(super) retired: AtomicBool,
     /// The CPU this carrier is pinned to now, or `NOT_PINNED` (written by the carrier when it
     /// pins itself, then by the supervisor's affinity policy: `affinity.rs`).
     pub(super) cpu: AtomicUsize,
     /// Times the affinity policy let this carrier float off a shared CPU.
     pub(super) floats: AtomicU64,
+    _wake: LineBreak,
+    // 2. What the carrier reads or writes on every round of its loop and the others touch to
+    //    wake it (the inbox, `on_reactor`) or weigh it every `GLOBAL_CHECK_INTERVAL` ticks
+    //    (`home_len`): one line for the owner's loop, not two.
+    /// Fibers at home here, made runnable by another thread (`inbox.rs`). Not stealable.
+    pub(super) inbox: inbox::Inbox<FiberRef>,
+    /// The carrier sleeps (or is about to) in `epoll_wait` on its poll set: waking it takes
+    /// the set's eventfd. Raised by every idle carrier, and by a retired spare.
+    pub(super) on_reactor: AtomicBool,
+    /// Fibers in this carrier's private home queue (written by the carrier alone), for the
+    /// supervisor and dumps: fibers that only this carrier may run.
+    pub(super) home_len: AtomicUsize,
+    _timers: LineBreak,
+    // 3. The timers: written when they change (a sleep here, a timer fired here or by another
+    //    carrier); read by the others every `GLOBAL_CHECK_INTERVAL` ticks (foreign timers).
+    pub(super) timers: Mutex<TimerHeap>,
+    /// Earliest deadline in `timers`, in ns since the runtime's epoch (`u64::MAX`: none).
+    pub(super) next_deadline: AtomicU64,
+    _own: LineBreak,
+    // 4. Written by this carrier at every switch or event; read by the supervisor every
+    //    interval, by `Runtime::metrics`, by a compensating carrier, and by a placing one every
+    //    64 first starts (`stats.started`, `stats.finished`: `carrier/place.rs`).
+    /// Bumped by the carrier at every fiber switch (single writer); the supervisor samples it.
+    pub(super) progress: AtomicU64,
+    /// Location of the fiber running now (its spawn site, or its `blocking` call site), or null
+    /// between fibers. Written by the carrier at every switch; sampled by the supervisor.
+    pub(super) location: AtomicPtr<Location<'static>>,
+    /// The fiber this carrier runs next (a `FiberRef` as a raw pointer, or null). Only the
+    /// owner puts fibers here; a compensating carrier may take one out of a blocked owner.
+    pub(super) lifo: AtomicPtr<FiberRecord>,
     /// Scheduling counters, written by this carrier alone (summed by `Runtime::metrics`).
     pub(super) stats: Stats,
 }
+
+/// A zero-sized field that starts the next group of a `repr(C)` struct on a new line pair.
+#[derive(Default)]
+#[repr(align(128))]
+struct LineBreak;
 
 /// `CarrierSlot::flags`: the fiber running here declared (or is known) to block its thread;
 /// the carrier counts itself in `Shared::blocked` while this is set.
@@ -149,6 +169,9 @@ impl CarrierSlot {
             cpu: AtomicUsize::new(NOT_PINNED),
             floats: AtomicU64::new(0),
             stats: Stats::default(),
+            _wake: LineBreak,
+            _timers: LineBreak,
+            _own: LineBreak,
         }
     }
 }
