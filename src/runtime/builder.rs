@@ -94,7 +94,7 @@ impl Builder {
     /// Pin each carrier to one CPU always (`true`), or never (`false`).
     ///
     /// By default each carrier is pinned to one CPU until the supervisor sees that CPU shared:
-    /// a carrier that waited for its CPU a fifth of the time, twice in a row over ~100 ms
+    /// a carrier that waited for its CPU a tenth of the time, twice in a row over ~50 ms
     /// windows (another process, a load generator or a sidecar, runs there), floats, free to
     /// run on any CPU this process may use, and is pinned again after a while to look once
     /// more (after 10 s, doubling each time it has to float again, up to 5 minutes). A pinned

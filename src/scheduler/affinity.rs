@@ -5,7 +5,7 @@
 //! another process keeps busy (a load generator, a sidecar, a build), and its started fibers
 //! cannot leave it: they all run at the share of the CPU the OS gives it. So the supervisor
 //! reads each pinned carrier's run-queue delay (how long it waited, runnable, for its CPU:
-//! `/proc/self/task/<tid>/schedstat`) every `WINDOW`. A carrier that waited a fifth of two
+//! `/proc/self/task/<tid>/schedstat`) every `WINDOW`. A carrier that waited a tenth of two
 //! windows in a row floats: it may run on any CPU the process may use, where the OS balances
 //! it. After a while it is pinned again, to look once more: 10 s the first time, doubling each
 //! time it has to float again soon after, up to 5 minutes; a carrier that stays pinned through
@@ -20,9 +20,9 @@ use super::{NOT_PINNED, Shared};
 use crate::platform::thread::{process_cpus, run_delay, set_affinity};
 
 /// How often each pinned carrier's run-queue delay is read.
-const WINDOW: Duration = Duration::from_millis(100);
+const WINDOW: Duration = Duration::from_millis(50);
 /// A window is contended when the carrier waited at least `1 / CONTENDED_SHARE` of it.
-const CONTENDED_SHARE: u32 = 5;
+const CONTENDED_SHARE: u32 = 10;
 /// Contended windows in a row that make a carrier float (one could be a burst of our own).
 const CONTENDED_WINDOWS: u32 = 2;
 /// How long a carrier floats the first time before it is pinned again.
@@ -130,12 +130,12 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_fifth_of_the_window_spent_waiting_is_contention() {
-        let window = Duration::from_millis(100);
+    fn a_tenth_of_the_window_spent_waiting_is_contention() {
+        let window = Duration::from_millis(50);
         assert!(!contended(Duration::ZERO, window));
-        assert!(!contended(Duration::from_millis(19), window));
-        assert!(contended(Duration::from_millis(20), window));
-        assert!(contended(Duration::from_millis(60), window));
+        assert!(!contended(Duration::from_micros(4_900), window));
+        assert!(contended(Duration::from_millis(5), window));
+        assert!(contended(Duration::from_millis(30), window));
         assert!(!contended(Duration::from_millis(5), Duration::ZERO));
     }
 }
