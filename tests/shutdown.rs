@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 use virtual_threads as vt;
 
 mod common;
-use common::within;
+use common::{block_in_os, within};
 
 const CHILD: &str = "VT_SHUTDOWN_CHILD";
 /// Generous bound for anything that must not hang (a debug build on a loaded 2-core machine).
@@ -270,21 +270,10 @@ fn a_drop_that_waits_for_a_fiber_blocked_in_the_os_says_so() {
     let (tx, rx) = mpsc::channel::<()>();
     rt.spawn(move || {
         tx.send(()).unwrap();
-        // Blocks the carrier in the OS past the report's threshold (2 s). The system call
-        // itself, not `std::thread::sleep`: with the `hooks` feature, libc's `nanosleep` parks
-        // the fiber instead, and the drop would unwind it without waiting.
-        let until = Instant::now() + Duration::from_secs(3);
-        while let Some(left) = until.checked_duration_since(Instant::now()).filter(|d| !d.is_zero()) {
-            let ts = libc::timespec { tv_sec: left.as_secs() as _, tv_nsec: left.subsec_nanos() as _ };
-            // SAFETY: a valid timespec, and no remainder wanted (a signal's early return loops).
-            unsafe {
-                libc::syscall(
-                    libc::SYS_nanosleep,
-                    &ts as *const libc::timespec,
-                    std::ptr::null_mut::<libc::timespec>(),
-                )
-            };
-        }
+        // Blocks the carrier in the OS past the report's threshold (2 s); with the `hooks`
+        // feature a sleep would park the fiber instead, and the drop would unwind it without
+        // waiting.
+        block_in_os(Duration::from_secs(3));
     });
     rx.recv_timeout(LIMIT).unwrap();
     drop(rt);

@@ -11,23 +11,7 @@ use std::time::{Duration, Instant};
 use virtual_threads as vt;
 
 mod common;
-
-/// Blocks the calling OS thread for `d` with a call that no hook turns into a park (the `hooks`
-/// feature parks a fiber's `std::thread::sleep`): what these tests need is a carrier stuck in
-/// the OS.
-fn block_carrier(d: Duration) {
-    let ts =
-        libc::timespec { tv_sec: d.as_secs() as libc::time_t, tv_nsec: d.subsec_nanos() as libc::c_long };
-    // SAFETY: a valid timespec; no remainder asked for. A raw system call, not libc's
-    // `nanosleep`, which the `hooks` feature interposes.
-    unsafe {
-        libc::syscall(
-            libc::SYS_nanosleep,
-            &ts as *const libc::timespec,
-            std::ptr::null_mut::<libc::timespec>(),
-        )
-    };
-}
+use common::block_in_os;
 
 const CHILD: &str = "VT_SUPERVISOR_TEST_CHILD";
 
@@ -49,7 +33,7 @@ fn fibers_queued_behind_blocked_carriers_still_run() {
             let s = started.clone();
             rt.spawn(move || {
                 s.fetch_add(1, Ordering::SeqCst);
-                block_carrier(Duration::from_secs(2)); // blocks the carrier thread
+                block_in_os(Duration::from_secs(2)); // blocks the carrier thread
             })
         })
         .collect();
@@ -88,7 +72,7 @@ fn blocking_on_one_carrier_lets_other_fibers_run_at_once() {
     let blocker = rt.spawn(move || {
         vt::blocking(|| {
             e.store(1, Ordering::SeqCst);
-            block_carrier(Duration::from_millis(1500));
+            block_in_os(Duration::from_millis(1500));
         })
     });
     eventually("the blocking section began", || entered.load(Ordering::SeqCst) == 1);
@@ -105,7 +89,7 @@ fn blocking_on_one_carrier_lets_other_fibers_run_at_once() {
 
 /// Every fiber spawned here shares one spawn location.
 fn spawn_sleeper(rt: &vt::Runtime, ms: u64) -> vt::JoinHandle<()> {
-    rt.spawn(move || block_carrier(Duration::from_millis(ms)))
+    rt.spawn(move || block_in_os(Duration::from_millis(ms)))
 }
 
 #[test]
@@ -163,7 +147,7 @@ fn a_location_that_keeps_blocking_becomes_known_and_is_compensated_without_delay
 /// Every fiber spawned here shares one spawn location, and blocks its carrier for a few
 /// milliseconds: less than a supervisor interval, so its carrier switches at every sample.
 fn spawn_short_sleeper(rt: &vt::Runtime, ms: u64) -> vt::JoinHandle<()> {
-    rt.spawn(move || block_carrier(Duration::from_millis(ms)))
+    rt.spawn(move || block_in_os(Duration::from_millis(ms)))
 }
 
 #[test]
@@ -230,7 +214,7 @@ fn a_pool_of_short_blocking_jobs_runs_them_about_as_concurrently_as_threads() {
             let pool = vt::ThreadPool::new(128);
             let t = Instant::now();
             for _ in 0..1280 {
-                pool.execute(move || block_carrier(block));
+                pool.execute(move || block_in_os(block));
             }
             pool.join();
             t.elapsed()
@@ -439,7 +423,7 @@ fn a_carrier_blocked_while_its_home_fibers_wait_is_reported() {
             .name("sleepy".into())
             .spawn_on(&rt.handle(), move || {
                 tx.send(()).unwrap(); // wakes the waiter: it can run only on this carrier
-                block_carrier(Duration::from_millis(1600)); // blocks the carrier
+                block_in_os(Duration::from_millis(1600)); // blocks the carrier
             })
             .unwrap();
         blocker.join().unwrap();
@@ -473,7 +457,7 @@ fn home_carriers_still_compensate_for_unstarted_fibers() {
     let e = entered.clone();
     let blocker = rt.spawn(move || {
         e.store(1, Ordering::SeqCst);
-        block_carrier(Duration::from_millis(1500));
+        block_in_os(Duration::from_millis(1500));
     });
     eventually("the blocker runs", || entered.load(Ordering::SeqCst) == 1);
     let t = Instant::now();
@@ -492,7 +476,7 @@ fn wait_at(door: &Door) {
     // Blocks the carrier in the OS until the door opens, with or without the `hooks` feature
     // (which would park a fiber in the door's `Condvar` wait).
     while !*door.0.lock().unwrap() {
-        block_carrier(Duration::from_millis(2));
+        block_in_os(Duration::from_millis(2));
     }
 }
 
@@ -656,7 +640,7 @@ fn a_runtime_with_a_million_carrier_bound_builds_at_once_and_grows_on_demand() {
             rt.spawn(move || {
                 a.fetch_add(1, Ordering::SeqCst);
                 while a.load(Ordering::SeqCst) < 100 {
-                    block_carrier(Duration::from_millis(1));
+                    block_in_os(Duration::from_millis(1));
                 }
             })
         })
@@ -707,9 +691,9 @@ fn a_runaway_compensation_is_reported_once_with_its_spawn_sites() {
                 rt.spawn(move || {
                     a.fetch_add(1, Ordering::SeqCst);
                     while a.load(Ordering::SeqCst) < 20 {
-                        block_carrier(Duration::from_millis(1));
+                        block_in_os(Duration::from_millis(1));
                     }
-                    block_carrier(Duration::from_millis(300));
+                    block_in_os(Duration::from_millis(300));
                 })
             })
             .collect();
@@ -762,7 +746,7 @@ fn a_hog_with_only_home_fibers_behind_it_starts_no_carrier() {
 #[test]
 fn a_fiber_spawned_onto_a_blocked_carrier_waits_for_it() {
     pinned_fiber_waits_while(
-        || block_carrier(Duration::from_millis(20)),
+        || block_in_os(Duration::from_millis(20)),
         |rt| eventually("the supervisor catches carrier 1 blocked", || rt.metrics().detections >= 1),
     );
 }

@@ -11,6 +11,9 @@ use std::time::Duration;
 
 use virtual_threads as vt;
 
+mod common;
+use common::block_in_os;
+
 const CHILD: &str = "VT_TRACE_TEST_CHILD";
 
 fn temp(name: &str) -> PathBuf {
@@ -92,8 +95,8 @@ fn compensating_carriers_and_blocked_carriers_are_in_the_trace() {
     rt.block_on(|| {
         let waiting: Vec<_> = (0..4).map(|_| vt::spawn(vt::yield_now)).collect();
         // Blocks its carrier in the OS with fibers waiting behind it: the supervisor
-        // compensates.
-        vt::spawn(|| std::thread::sleep(Duration::from_millis(600))).join().unwrap();
+        // compensates. Not a sleep, which the `hooks` feature turns into a park.
+        vt::spawn(|| block_in_os(Duration::from_millis(600))).join().unwrap();
         for h in waiting {
             h.join().unwrap();
         }

@@ -15,6 +15,9 @@ use tracing_subscriber::layer::{Context, Layer, SubscriberExt};
 use tracing_subscriber::registry::LookupSpan;
 use virtual_threads as vt;
 
+mod common;
+use common::block_in_os;
+
 /// What the layer saw: for each span, its `n`; for each event, its `n` and the `n` of the span
 /// current when it was recorded (`None`: no span).
 #[derive(Default)]
@@ -152,9 +155,9 @@ fn the_runtimes_notable_events_go_through_tracing() {
     rt.block_on(|| {
         assert!(vt::spawn(|| panic!("on purpose")).join().is_err());
         // Blocks the carrier in the OS with a fiber waiting behind it: the supervisor reports
-        // it and compensates.
+        // it and compensates. Not a sleep, which the `hooks` feature turns into a park.
         let waiting = vt::spawn(vt::yield_now);
-        vt::spawn(|| std::thread::sleep(std::time::Duration::from_millis(600))).join().unwrap();
+        vt::spawn(|| block_in_os(std::time::Duration::from_millis(600))).join().unwrap();
         waiting.join().unwrap();
     });
     let m = rt.metrics();

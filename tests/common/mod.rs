@@ -6,7 +6,7 @@
 use std::panic::{self, AssertUnwindSafe};
 use std::process::{Command, Output};
 use std::sync::mpsc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// Runs `f` on a helper thread and fails the test if it has not returned within `limit` (a
 /// hang becomes a failure that names `what`); a panic in `f` is the test's.
@@ -51,4 +51,23 @@ pub fn supervisor_interval(default_ms: u64) -> Duration {
     let ms = std::env::var("VT_TEST_SUPERVISOR_MS")
         .map_or(default_ms, |v| v.parse().expect("VT_TEST_SUPERVISOR_MS: a number of milliseconds"));
     Duration::from_millis(ms)
+}
+
+/// Blocks the calling thread in the kernel for `dur`, so that a fiber's carrier is stuck in the
+/// OS (what the supervisor detects and compensates, what a runtime's drop waits for). The raw
+/// `nanosleep` system call: with the `hooks` feature, `std::thread::sleep` from a fiber parks
+/// the fiber and frees its carrier, while the hooked `syscall` passes all but futexes through.
+pub fn block_in_os(dur: Duration) {
+    let until = Instant::now() + dur;
+    while let Some(left) = until.checked_duration_since(Instant::now()).filter(|d| !d.is_zero()) {
+        let ts = libc::timespec { tv_sec: left.as_secs() as _, tv_nsec: left.subsec_nanos() as _ };
+        // SAFETY: a valid timespec, and no remainder wanted (a signal's early return loops).
+        unsafe {
+            libc::syscall(
+                libc::SYS_nanosleep,
+                &ts as *const libc::timespec,
+                std::ptr::null_mut::<libc::timespec>(),
+            )
+        };
+    }
 }
