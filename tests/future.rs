@@ -12,7 +12,8 @@ use std::time::Duration;
 use virtual_threads as vt;
 
 /// A future that is ready once the gate is opened; until then it leaves its waker with the
-/// gate. Woken by whoever opens it (here a plain thread, as a tokio worker would).
+/// gate, once per waiting fiber (so `waiters` counts fibers). Woken by whoever opens it (here a
+/// plain thread, as a tokio worker would).
 #[derive(Default)]
 struct Gate {
     open: AtomicBool,
@@ -26,7 +27,15 @@ impl Gate {
             if self.open.load(Ordering::Acquire) {
                 return Poll::Ready(());
             }
-            waiting.push(cx.waker().clone());
+            // `block_on` may poll again before the gate opens: its park may return spuriously.
+            // With the `hooks` feature it does, now and then: a fiber whose lock of `waiting`
+            // above waited in a hooked futex gives its park token back afterwards (in case the
+            // park was ended by someone else's unpark, arch/hooks.md "No lost wake"), so its
+            // next park, `block_on`'s, returns at once. A second waker of the same fiber would
+            // count it twice.
+            if !waiting.iter().any(|w| w.will_wake(cx.waker())) {
+                waiting.push(cx.waker().clone());
+            }
             Poll::Pending
         })
     }

@@ -206,8 +206,10 @@ unsafe fn wait(
             if until.is_some_and(|u| Instant::now() >= u) || !context::cancelling().is_null() {
                 return Parked::Stop;
             }
-            // Not a wake of this futex (checked under the lock next): someone's unpark of the
-            // fiber, which its next `vt::park` must still see.
+            // Perhaps someone's unpark of the fiber, which its next `vt::park` must still see,
+            // not this futex's wake (the table decides under the lock next). The token holds
+            // one unpark, so one that came with the wake cannot be told from the wake's own:
+            // the token goes back even after a wake, and the next park may return spuriously.
             stray = true;
             Parked::Again
         },
