@@ -45,7 +45,8 @@ enum Busy {
     Coop,
 }
 
-fn spin(n: u64) -> u64 {
+/// `n` steps of arithmetic the optimiser cannot remove: the skew parts' unit of work.
+pub(super) fn spin(n: u64) -> u64 {
     let mut x = 0u64;
     for i in 0..n {
         x = std::hint::black_box(x.wrapping_mul(31).wrapping_add(i));

@@ -20,6 +20,7 @@
 //! the task first ran; it may move later). Run: `WORKLOADS_PARTS=skew_tcp cargo bench --bench
 //! workloads` (about 15 s); `SKEW_TCP_SPIN=20000` makes the heavy requests ~20 µs.
 
+use super::skew::spin;
 use super::*;
 use std::io::Read;
 use std::sync::Barrier;
@@ -46,14 +47,6 @@ const HOG_MAX: Duration = Duration::from_millis(300);
 const SKEW_ROUNDS: usize = 3;
 /// Carriers or workers counted (a spare carrier's index is counted in the last).
 const SLOTS: usize = 4;
-
-fn spin(n: u64) -> u64 {
-    let mut x = 0u64;
-    for i in 0..n {
-        x = std::hint::black_box(x.wrapping_mul(31).wrapping_add(i));
-    }
-    x
-}
 
 /// What the server side shares with the op: per-carrier start counts, and tasks started and
 /// ended.
