@@ -179,6 +179,7 @@ impl Builder {
         let (rec, for_handle) = unsafe { prepare(slot, init, f) };
         let handle = JoinHandle::new(for_handle);
         match (self.carrier, local) {
+            (Some(i), Some(c)) if i == c.index() => c.schedule_spawned_home(rec),
             (Some(i), _) => rt.schedule_spawned_on(i, rec),
             (None, Some(c)) => {
                 c.schedule_spawned(rec);

@@ -61,14 +61,30 @@ impl Carrier {
     #[inline]
     pub(crate) fn schedule_spawned(&self, f: FiberRef) {
         debug_assert_eq!(f.home.load(Ordering::Relaxed), NO_HOME);
-        bump(&self.slot().stats.spawned, 1);
-        if !self.slot().trace.load(Ordering::Relaxed).is_null() {
-            self.trace_spawn(FiberRef::as_ptr(&f));
-        }
+        self.count_spawn(&f);
         if let Err(f) = self.worker.push(f) {
             self.push_full(f);
         }
         self.rt.notify();
+    }
+
+    /// A fiber just spawned here onto this very carrier by name (`vt::Builder::carrier`, as
+    /// `vt::net::serve`'s acceptors spawn each connection): homed here and queued at home,
+    /// where no one else takes it. What `Shared::schedule_spawned_on` does from elsewhere,
+    /// without the inbox's atomics, the runtime-wide spawn count and a wake-up: only this
+    /// carrier, which is running, may start it.
+    pub(crate) fn schedule_spawned_home(&self, f: FiberRef) {
+        self.count_spawn(&f);
+        f.home.store(self.index, Ordering::Relaxed);
+        self.home_push(f);
+    }
+
+    #[inline]
+    fn count_spawn(&self, f: &FiberRef) {
+        bump(&self.slot().stats.spawned, 1);
+        if !self.slot().trace.load(Ordering::Relaxed).is_null() {
+            self.trace_spawn(FiberRef::as_ptr(f));
+        }
     }
 
     /// Back of the local deque (spilling half to the injector when full); fibers at home here
