@@ -61,6 +61,13 @@ struct Pool {
 static POOL: Mutex<Pool> = Mutex::new(Pool { queue: VecDeque::new(), threads: 0, idle: 0, forks: 0 });
 static WORK: Condvar = Condvar::new();
 
+/// A helper or a caller may hold the pool's lock when another thread forks: the child's first
+/// `vt::blocking` waited for ever (hung at fork 1 or 3 of 40 under call churn).
+fn hold_pool_across_fork() {
+    crate::platform::fork::hold_across_fork(|| Box::new(POOL.lock().unwrap_or_else(|e| e.into_inner())));
+}
+crate::platform::fork::at_load!(hold_pool_across_fork);
+
 /// The calling fiber's call on the helper: lives in its frame until `done`.
 struct Call<F, T> {
     f: UnsafeCell<Option<F>>,
@@ -96,15 +103,6 @@ unsafe fn run_call<F: FnOnce() -> T, T>(data: *const ()) {
 /// wait for one another never ran: 300 fibers in `vt::blocking(|| barrier.wait())` on a
 /// barrier of 300 waited for ever, silently, with 256 helpers in the barrier.
 fn submit(task: Task) -> Result<(), ()> {
-    // A helper or a caller may hold the pool's lock when another thread forks: the child's
-    // first `vt::blocking` waited for ever (hung at fork 1 or 3 of 40 under call churn).
-    #[cfg(not(loom))]
-    {
-        static AROUND_FORK: std::sync::Once = std::sync::Once::new();
-        AROUND_FORK.call_once(|| {
-            crate::platform::hold_across_fork(|| Box::new(POOL.lock().unwrap_or_else(|e| e.into_inner())))
-        });
-    }
     let mut p = POOL.lock().unwrap_or_else(|e| e.into_inner());
     let forks = crate::platform::forks();
     if p.forks != forks {
@@ -123,7 +121,8 @@ fn submit(task: Task) -> Result<(), ()> {
     }
     p.threads += 1;
     drop(p);
-    let started = std::thread::Builder::new().name("vt-blocking".into()).spawn(helper);
+    let started =
+        crate::platform::fork::spawn(std::thread::Builder::new().name("vt-blocking".into()), helper);
     if started.is_err() {
         let mut p = POOL.lock().unwrap_or_else(|e| e.into_inner());
         p.threads -= 1;

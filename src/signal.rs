@@ -163,7 +163,9 @@ fn install(signals: &[Signal]) -> io::Result<()> {
     let mut st = state();
     if !st.started {
         let read_fd = sys::forward_pipe()?;
-        std::thread::Builder::new().name("vt-signal".into()).spawn(move || forward(read_fd))?;
+        crate::platform::fork::spawn(std::thread::Builder::new().name("vt-signal".into()), move || {
+            forward(read_fd)
+        })?;
         st.started = true;
     }
     for s in signals {

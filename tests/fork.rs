@@ -46,11 +46,23 @@ fn wait_child(pid: libc::pid_t, limit: Duration) -> Option<i32> {
             return Some(libc::WEXITSTATUS(status));
         }
         if t.elapsed() > limit {
+            print_stacks(pid);
             // SAFETY: `pid` is our child.
             unsafe { libc::kill(pid, libc::SIGKILL) };
             return None;
         }
         std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// Prints every thread's stack of the hung process `pid` where `gdb` is installed: a child that
+/// hangs after a fork waits on a lock held by a thread it does not have, and the stack names it.
+fn print_stacks(pid: libc::pid_t) {
+    let gdb = std::process::Command::new("gdb")
+        .args(["-p", &pid.to_string(), "-batch", "-ex", "thread apply all bt"])
+        .output();
+    if let Ok(out) = gdb {
+        eprintln!("the hung child's threads:\n{}", String::from_utf8_lossy(&out.stdout));
     }
 }
 
@@ -195,6 +207,32 @@ fn fork_children(n: usize, child: fn() -> bool) {
     }
 }
 
+/// Runs `work(i)` in a loop on two threads (`i` = 0, 1) while forking 40 times (see
+/// [`fork_children`]), then stops them.
+fn fork_while(work: fn(usize), child: fn() -> bool) {
+    let stop = Arc::new(AtomicBool::new(false));
+    let workers: Vec<_> = (0..2)
+        .map(|i| {
+            let stop = stop.clone();
+            std::thread::spawn(move || {
+                while !stop.load(Ordering::Relaxed) {
+                    work(i);
+                }
+            })
+        })
+        .collect();
+    fork_children(40, child);
+    stop.store(true, Ordering::Relaxed);
+    workers.into_iter().for_each(|t| t.join().unwrap());
+    println!("parent: ok");
+}
+
+/// The runtime the workers of the two tests below use.
+fn shared_runtime() -> &'static vt::Runtime {
+    static RT: std::sync::OnceLock<vt::Runtime> = std::sync::OnceLock::new();
+    RT.get_or_init(|| vt::Runtime::builder().carriers(2).build().unwrap())
+}
+
 /// A `fork` copies only the forking thread, so a lock another thread held at that moment stays
 /// held in the child. The stack pools are process-wide and the child's fresh runtime takes its
 /// stacks from them: with carriers and the scavenger busy in the pools at every fork, each child
@@ -202,74 +240,63 @@ fn fork_children(n: usize, child: fn() -> bool) {
 #[test]
 fn a_fork_while_other_threads_churn_the_stack_pools_leaves_the_child_able_to_spawn() {
     const NAME: &str = "a_fork_while_other_threads_churn_the_stack_pools_leaves_the_child_able_to_spawn";
-    const FORKS: usize = 40;
     if std::env::var(CHILD).is_err() {
         in_child_process(NAME, "churn");
         return;
     }
-    let rt = Arc::new(vt::Runtime::builder().carriers(2).build().unwrap());
-    let stop = Arc::new(AtomicBool::new(false));
-    let churners: Vec<_> = [None, Some(64 * 1024)]
-        .into_iter()
-        .map(|stack| {
-            let (rt, stop) = (rt.clone(), stop.clone());
-            std::thread::spawn(move || {
-                while !stop.load(Ordering::Relaxed) {
-                    rt.block_on(|| {
-                        let hs: Vec<_> = (0..2_000)
-                            .map(|i| {
-                                let b = vt::Builder::new();
-                                let b = match stack {
-                                    Some(s) => b.stack_size(s),
-                                    None => b,
-                                };
-                                b.spawn(move || i).unwrap()
-                            })
-                            .collect();
-                        hs.into_iter().for_each(|h| assert!(h.join().is_ok()));
-                    });
-                }
-            })
+    let churn = |i: usize| {
+        shared_runtime().block_on(|| {
+            let hs: Vec<_> = (0..2_000)
+                .map(|n| {
+                    let b = vt::Builder::new();
+                    // One class of stacks per thread.
+                    let b = if i == 0 { b } else { b.stack_size(64 * 1024) };
+                    b.spawn(move || n).unwrap()
+                })
+                .collect();
+            hs.into_iter().for_each(|h| assert!(h.join().is_ok()));
         })
-        .collect();
-    fork_children(FORKS, || vt::spawn(|| 7).join().ok() == Some(7));
-    stop.store(true, Ordering::Relaxed);
-    churners.into_iter().for_each(|t| t.join().unwrap());
-    println!("parent: ok");
+    };
+    fork_while(churn, || vt::spawn(|| 7).join().ok() == Some(7));
 }
 
 /// As above for the `vt::blocking` helpers' pool, whose lock helpers and callers take at every
 /// call: with two threads' fibers making blocking calls at every fork, each child's fiber must
-/// still get its own blocking call run.
+/// still get its own blocking call run. The first calls race the first fork: a lazily
+/// registered fork handler, still being registered at the fork, hung the child.
 #[test]
 fn a_fork_while_fibers_make_blocking_calls_leaves_the_child_able_to_make_them() {
     const NAME: &str = "a_fork_while_fibers_make_blocking_calls_leaves_the_child_able_to_make_them";
-    const FORKS: usize = 40;
     if std::env::var(CHILD).is_err() {
         in_child_process(NAME, "blocking");
         return;
     }
-    let rt = Arc::new(vt::Runtime::builder().carriers(2).build().unwrap());
-    let stop = Arc::new(AtomicBool::new(false));
-    let callers: Vec<_> = (0..2)
-        .map(|_| {
-            let (rt, stop) = (rt.clone(), stop.clone());
-            std::thread::spawn(move || {
-                while !stop.load(Ordering::Relaxed) {
-                    rt.block_on(|| {
-                        let hs: Vec<_> = (0..16u32)
-                            .map(|i| {
-                                vt::spawn(move || (0..50).map(|j| vt::blocking(move || i + j)).sum::<u32>())
-                            })
-                            .collect();
-                        hs.into_iter().for_each(|h| assert!(h.join().is_ok()));
-                    });
-                }
-            })
+    let call = |_| {
+        shared_runtime().block_on(|| {
+            let hs: Vec<_> = (0..16u32)
+                .map(|i| vt::spawn(move || (0..50).map(|j| vt::blocking(move || i + j)).sum::<u32>()))
+                .collect();
+            hs.into_iter().for_each(|h| assert!(h.join().is_ok()));
         })
-        .collect();
-    fork_children(FORKS, || vt::spawn(|| vt::blocking(|| 7)).join().ok() == Some(7));
-    stop.store(true, Ordering::Relaxed);
-    callers.into_iter().for_each(|t| t.join().unwrap());
-    println!("parent: ok");
+    };
+    fork_while(call, || vt::spawn(|| vt::blocking(|| 7)).join().ok() == Some(7));
+}
+
+/// std takes a process-wide lock while a thread it started begins and ends (its stack-overflow
+/// handler's map), so a fork in that instant leaves the child unable to start any thread: its
+/// fresh runtime's carriers waited for ever at their start. With runtimes built and dropped at
+/// every fork (their carriers and supervisor starting and ending), each child must still start
+/// its own runtime and run a fiber on it.
+#[test]
+fn a_fork_while_runtimes_start_and_end_their_threads_leaves_the_child_able_to_start_one() {
+    const NAME: &str = "a_fork_while_runtimes_start_and_end_their_threads_leaves_the_child_able_to_start_one";
+    if std::env::var(CHILD).is_err() {
+        in_child_process(NAME, "threads");
+        return;
+    }
+    let build_and_drop = |_| {
+        let rt = vt::Runtime::builder().carriers(2).build().unwrap();
+        assert_eq!(rt.block_on(|| vt::spawn(|| 7).join().ok()), Some(7));
+    };
+    fork_while(build_and_drop, || vt::spawn(|| 7).join().ok() == Some(7));
 }

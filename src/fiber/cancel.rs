@@ -331,6 +331,6 @@ const REPORTED: u32 = u32::MAX;
 /// with wrapping arithmetic.
 pub(crate) fn now_ms() -> u32 {
     static EPOCH: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
-    let ms = EPOCH.get_or_init(Instant::now).elapsed().as_millis() as u32;
+    let ms = crate::platform::fork::init_once(&EPOCH, Instant::now).elapsed().as_millis() as u32;
     ms.clamp(1, u32::MAX - 1)
 }

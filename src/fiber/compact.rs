@@ -96,7 +96,7 @@ pub(crate) fn stack_pointer() -> usize {
 /// stack pointer nothing is live: the fiber resumes by popping from it.
 pub(crate) fn red_zone() -> Option<usize> {
     static ZONE: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
-    *ZONE.get_or_init(|| {
+    *crate::platform::fork::init_once(&ZONE, || {
         let deepest = measure_switch(0xA5).zip(measure_switch(0x5A)).map(|(a, b)| a.max(b));
         let zone = deepest.map(|d| (d + SLACK).next_multiple_of(16));
         if zone.is_none_or(|z| z > MAX_RED_ZONE) {

@@ -24,7 +24,7 @@ static PREVIOUS: OnceLock<Previous> = OnceLock::new();
 
 /// Installs the handler once per process (the first runtime does it).
 pub(crate) fn install_handler() {
-    PREVIOUS.get_or_init(|| {
+    crate::platform::fork::init_once(&PREVIOUS, || {
         // Failing to install only loses the nicer message; the guard page still stops the fault.
         let segv = signal::install(signal::SIGSEGV, on_fault).unwrap_or_else(|_| signal::default_action());
         let bus = signal::install(signal::SIGBUS, on_fault).unwrap_or_else(|_| signal::default_action());

@@ -13,10 +13,20 @@ use std::sync::atomic::Ordering;
 /// std's hook cannot name the fiber: `std::thread::current()` inside a fiber is its carrier
 /// thread, and its name is the carrier's.
 pub(crate) fn install_panic_hook() {
-    static INSTALLED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
     // `take_hook` and `set_hook` panic on a panicking thread (a runtime started from a
     // destructor during unwinding): the next runtime to start installs it then.
-    if std::thread::panicking() || INSTALLED.swap(true, Ordering::AcqRel) {
+    if std::thread::panicking() || INSTALLED.load(Ordering::Acquire) {
+        return;
+    }
+    // std's hook lock, held at a fork, would stay held in the child, whose first panic would
+    // wait for it for ever.
+    crate::platform::fork::outside_fork(install);
+}
+
+static INSTALLED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+fn install() {
+    if INSTALLED.swap(true, Ordering::AcqRel) {
         return;
     }
     let previous = std::panic::take_hook();

@@ -127,40 +127,25 @@ struct ForkHold {
 }
 
 #[cfg(not(loom))]
-thread_local! {
-    static FORK_HOLD: std::cell::RefCell<Option<ForkHold>> = const { std::cell::RefCell::new(None) };
+fn hold_pools_across_fork() {
+    platform::fork::hold_across_fork(|| {
+        let classes = CLASSES.lock().unwrap_or_else(|e| e.into_inner());
+        let pools = classes
+            .iter()
+            .map(|&c| {
+                let free = c.free.lock().unwrap_or_else(|e| e.into_inner());
+                (free, c.carver.lock().unwrap_or_else(|e| e.into_inner()))
+            })
+            .collect();
+        Box::new(ForkHold { _classes: classes, _pools: pools })
+    });
 }
-
 #[cfg(not(loom))]
-extern "C" fn hold_pools_for_fork() {
-    let classes = CLASSES.lock().unwrap_or_else(|e| e.into_inner());
-    let pools = classes
-        .iter()
-        .map(|&c| {
-            let free = c.free.lock().unwrap_or_else(|e| e.into_inner());
-            (free, c.carver.lock().unwrap_or_else(|e| e.into_inner()))
-        })
-        .collect();
-    FORK_HOLD.with(|h| *h.borrow_mut() = Some(ForkHold { _classes: classes, _pools: pools }));
-}
-
-#[cfg(not(loom))]
-extern "C" fn release_pools_after_fork() {
-    FORK_HOLD.with(|h| drop(h.borrow_mut().take()));
-}
+platform::fork::at_load!(hold_pools_across_fork);
 
 impl SizeClass {
     /// The class for `usable` bytes (already rounded by [`usable_size`]).
     pub(crate) fn get(usable: usize) -> &'static SizeClass {
-        #[cfg(not(loom))]
-        {
-            static AROUND_FORK: std::sync::Once = std::sync::Once::new();
-            // SAFETY: in the child, the handler only drops guards of locks this same thread
-            // took in the prepare handler: plain unlocks, no lock held by a vanished thread.
-            AROUND_FORK.call_once(|| unsafe {
-                platform::around_fork(hold_pools_for_fork, release_pools_after_fork, release_pools_after_fork)
-            });
-        }
         let mut classes = CLASSES.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(c) = classes.iter().find(|c| c.usable == usable) {
             return c;
@@ -404,7 +389,7 @@ fn guard(bottom: usize) -> io::Result<()> {
     static PROTECTED: AtomicUsize = AtomicUsize::new(0);
     static PROTECT_LIMIT: OnceLock<usize> = OnceLock::new();
 
-    let kind = *KIND.get_or_init(|| {
+    let kind = *platform::fork::init_once(&KIND, || {
         // `VT_STACK_GUARD=mprotect` takes the pre-6.13 path on purpose: for tools that cannot
         // see guard markers (valgrind), and to test the `vm.max_map_count` limit on any kernel.
         if std::env::var_os("VT_STACK_GUARD").is_some_and(|v| v == "mprotect") {
@@ -420,7 +405,7 @@ fn guard(bottom: usize) -> io::Result<()> {
     if kind == GuardKind::Protect {
         // Each guard splits the arena's mapping: two more VMAs. Stop well before the kernel's
         // limit: a process at it fails in unrelated places (thread creation, the allocator).
-        let limit = *PROTECT_LIMIT.get_or_init(|| {
+        let limit = *platform::fork::init_once(&PROTECT_LIMIT, || {
             platform::max_map_count().saturating_sub(platform::map_count() + MAP_HEADROOM) / 2
         });
         if PROTECTED.fetch_add(1, Ordering::Relaxed) >= limit {

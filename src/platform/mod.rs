@@ -4,13 +4,15 @@
 //! (Linux and Android share it).
 
 pub(crate) mod epoll;
+pub(crate) mod fork;
 pub(crate) mod net;
 pub(crate) mod signal;
 pub(crate) mod thread;
 
+pub(crate) use fork::forks;
+
 use std::io;
 use std::sync::OnceLock;
-use std::sync::atomic::{AtomicU64, Ordering};
 
 /// `MADV_GUARD_INSTALL` (Linux 6.13, uapi `asm-generic/mman-common.h`); libc 0.2 does not export it.
 const MADV_GUARD_INSTALL: libc::c_int = 102;
@@ -32,7 +34,7 @@ pub(crate) fn prefetch(addr: usize) {
 /// The system page size, read once.
 pub(crate) fn page_size() -> usize {
     static PAGE: OnceLock<usize> = OnceLock::new();
-    *PAGE.get_or_init(|| {
+    *fork::init_once(&PAGE, || {
         // SAFETY: sysconf has no preconditions; it returns -1 on error, handled below.
         let n = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
         if n > 0 { n as usize } else { 4096 }
@@ -149,79 +151,6 @@ pub(crate) fn stderr_writable() -> bool {
 pub(crate) fn clock_ticks_per_sec() -> libc::c_long {
     // SAFETY: sysconf has no preconditions.
     unsafe { libc::sysconf(libc::_SC_CLK_TCK) }
-}
-
-/// Processes forked so far in this process's line (bumped in the child by the runtime's
-/// `pthread_atfork` handler, `count_fork`): whatever was built before a fork — a runtime, its
-/// epoll sets — remembers the count it was built at, and has no threads in the child.
-static FORKS: AtomicU64 = AtomicU64::new(0);
-
-/// Called by the child handler only (async-signal-safe: one atomic add).
-pub(crate) fn count_fork() {
-    FORKS.fetch_add(1, Ordering::Relaxed);
-}
-
-/// See `FORKS`. Relaxed: the count changes only in a child's single thread, before anything
-/// else runs there.
-#[inline]
-pub(crate) fn forks() -> u64 {
-    FORKS.load(Ordering::Relaxed)
-}
-
-/// Runs `handler` in the child after every `fork`.
-///
-/// # Safety
-/// `handler` is async-signal-safe (the child of a multithreaded process may call only such).
-pub(crate) unsafe fn after_fork_in_child(handler: extern "C" fn()) {
-    // SAFETY: the caller's contract.
-    unsafe { libc::pthread_atfork(None, None, Some(handler)) };
-}
-
-/// Runs `prepare` in the forking thread just before every `fork`, and `parent` and `child` in
-/// that thread on each side just after it.
-///
-/// # Safety
-/// `child` is async-signal-safe as far as the child's state allows (the child of a
-/// multithreaded process has one thread, and only locks the forking thread held are sure to be
-/// free there).
-#[cfg(not(loom))]
-pub(crate) unsafe fn around_fork(prepare: extern "C" fn(), parent: extern "C" fn(), child: extern "C" fn()) {
-    // SAFETY: the caller's contract.
-    unsafe { libc::pthread_atfork(Some(prepare), Some(parent), Some(child)) };
-}
-
-/// A guard of a process-wide lock, type-erased: dropping it unlocks.
-#[cfg(not(loom))]
-pub(crate) type ForkGuard = Box<dyn std::any::Any>;
-
-/// Makes the forking thread take a process-wide lock before every `fork` (`take` locks it and
-/// returns the guard) and let go of it on both sides just after. A `fork` copies only the
-/// forking thread: a lock another thread held at that moment would stay held in the child for
-/// ever. Locks are taken in the order registered; each must be a leaf among them (nothing
-/// registered here is locked while holding it). Register once per lock.
-#[cfg(not(loom))]
-pub(crate) fn hold_across_fork(take: fn() -> ForkGuard) {
-    static TAKERS: std::sync::Mutex<Vec<fn() -> ForkGuard>> = std::sync::Mutex::new(Vec::new());
-    thread_local! {
-        static HELD: std::cell::RefCell<Vec<ForkGuard>> = const { std::cell::RefCell::new(Vec::new()) };
-    }
-    extern "C" fn prepare() {
-        // The list's own lock is held across the fork too: a lock registered first in the
-        // child takes it.
-        let takers = TAKERS.lock().unwrap_or_else(|e| e.into_inner());
-        let mut guards: Vec<ForkGuard> = takers.iter().map(|take| take()).collect();
-        guards.push(Box::new(takers));
-        HELD.with(|h| *h.borrow_mut() = guards);
-    }
-    extern "C" fn after() {
-        let guards = HELD.with(|h| std::mem::take(&mut *h.borrow_mut()));
-        guards.into_iter().rev().for_each(drop);
-    }
-    static ONCE: std::sync::Once = std::sync::Once::new();
-    // SAFETY: in the child, `after` only drops guards this same thread took in `prepare`: plain
-    // unlocks, of no lock held by a vanished thread.
-    ONCE.call_once(|| unsafe { around_fork(prepare, after, after) });
-    TAKERS.lock().unwrap_or_else(|e| e.into_inner()).push(take);
 }
 
 /// A CPU a carrier can be pinned to.

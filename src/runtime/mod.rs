@@ -15,7 +15,7 @@ use std::fmt;
 use std::io;
 use std::panic::{Location, resume_unwind};
 use std::sync::OnceLock;
-use std::sync::atomic::{AtomicPtr, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicPtr, Ordering};
 use std::thread;
 
 pub use builder::Builder;
@@ -24,7 +24,6 @@ use crate::fiber::join::JoinHandle;
 use crate::fiber::park::{WaitOnUnwind, finished};
 use crate::fiber::schedule::RuntimeRef;
 use crate::fiber::wait::WaitReason;
-use crate::loom::StdMutex as Mutex;
 use crate::runtime::spawn::Builder as FiberBuilder;
 use crate::scheduler::Shared;
 use crate::scheduler::config::{Affinity, Config};
@@ -61,12 +60,13 @@ impl Runtime {
     }
 
     fn start(config: Config) -> io::Result<Runtime> {
-        static RLIMIT: OnceLock<()> = OnceLock::new();
-        RLIMIT.get_or_init(|| {
+        // Not a `Once`: one in flight on another thread at a `fork` would stay in flight in the
+        // child, and the child's first runtime would wait for it for ever. Raising twice is
+        // harmless.
+        static RAISED: AtomicBool = AtomicBool::new(false);
+        if !RAISED.swap(true, Ordering::Relaxed) {
             crate::platform::raise_nofile_limit();
-            // SAFETY: the handler only bumps an atomic (async-signal-safe).
-            unsafe { crate::platform::after_fork_in_child(after_fork_in_child) };
-        });
+        }
         crate::fiber::overflow::install_handler();
         crate::fiber::panic_hook::install_panic_hook();
 
@@ -83,11 +83,14 @@ impl Runtime {
             rt.start_carrier(i, (!cores.is_empty()).then(|| cores[i % cores.len()]))?;
         }
         let sup = rt.clone();
-        let t = thread::Builder::new().name(format!("{name}-supervisor")).spawn(move || {
-            // The runtime may be built on a pinned carrier of another.
-            crate::platform::thread::unpin_current();
-            crate::scheduler::supervisor::run(sup);
-        })?;
+        let t = crate::platform::fork::spawn(
+            thread::Builder::new().name(format!("{name}-supervisor")),
+            move || {
+                // The runtime may be built on a pinned carrier of another.
+                crate::platform::thread::unpin_current();
+                crate::scheduler::supervisor::run(sup);
+            },
+        )?;
         runtime.supervisor = Some(t);
         crate::scheduler::deadlock::register(&rt);
         if rt.config().dump_on_sigquit {
@@ -328,9 +331,10 @@ impl Drop for Runtime {
             // wait for the call to return. The rest of the drop runs on a thread of its own, so
             // the other fibers still end and their joins return.
             let rt = rt.clone();
-            let spawned = thread::Builder::new()
-                .name(format!("{}-drop", rt.config().thread_name))
-                .spawn(move || rt.stop(supervisor));
+            let spawned = crate::platform::fork::spawn(
+                thread::Builder::new().name(format!("{}-drop", rt.config().thread_name)),
+                move || rt.stop(supervisor),
+            );
             if spawned.is_err() {
                 eprintln!(
                     "virtual-threads: a Runtime was dropped from one of its own fibers and no thread could be started to stop it; leaking it"
@@ -348,9 +352,16 @@ impl Drop for Runtime {
 /// program, and neither it nor its carrier's loop may touch the parent's runtime again (its
 /// epoll sets and eventfds are shared with the parent: `fiber::context::forget_carrier_after_fork`).
 extern "C" fn after_fork_in_child() {
-    crate::platform::count_fork();
+    crate::platform::fork::count_fork();
     crate::fiber::context::forget_carrier_after_fork();
 }
+
+fn register_fork_handler() {
+    // SAFETY: the handler bumps an atomic and clears two thread-local cells of its own thread
+    // (async-signal-safe).
+    unsafe { crate::platform::fork::after_fork_in_child(after_fork_in_child) };
+}
+crate::platform::fork::at_load!(register_fork_handler);
 
 pub(crate) fn forks() -> u64 {
     crate::platform::forks()
@@ -374,7 +385,6 @@ fn check_not_forked(h: &Handle) {
 /// `main`, have no builder.
 pub(crate) fn default_runtime() -> &'static Runtime {
     static DEFAULT: AtomicPtr<Runtime> = AtomicPtr::new(std::ptr::null_mut());
-    static START: Mutex<()> = Mutex::new(());
     let current = |p: *mut Runtime| {
         // SAFETY: a non-null pointer came from `Box::leak` below and is never freed.
         (!p.is_null()).then(|| unsafe { &*p }).filter(|r| r.handle.forks == forks())
@@ -382,10 +392,31 @@ pub(crate) fn default_runtime() -> &'static Runtime {
     if let Some(r) = current(DEFAULT.load(Ordering::Acquire)) {
         return r;
     }
-    let _start = START.lock().unwrap_or_else(|e| e.into_inner());
-    if let Some(r) = current(DEFAULT.load(Ordering::Acquire)) {
-        return r;
+    {
+        let mut starting = DEFAULT_STARTING.lock().unwrap_or_else(|e| e.into_inner());
+        loop {
+            if let Some(r) = current(DEFAULT.load(Ordering::Acquire)) {
+                return r;
+            }
+            match *starting {
+                Some(line) if line == forks() => {
+                    starting = DEFAULT_STARTED.wait(starting).unwrap_or_else(|e| e.into_inner());
+                }
+                // None, or a start in flight in the parent at the fork: not this process's.
+                _ => break,
+            }
+        }
+        *starting = Some(forks());
     }
+    // Also when the build panics: the next caller tries again.
+    struct Started;
+    impl Drop for Started {
+        fn drop(&mut self) {
+            *DEFAULT_STARTING.lock().unwrap_or_else(|e| e.into_inner()) = None;
+            DEFAULT_STARTED.notify_all();
+        }
+    }
+    let _started = Started;
     let var = |name: &str| std::env::var_os(name);
     let fail = |e: io::Error, note: String| -> ! {
         panic!("cannot start the default virtual-threads runtime: {e}{note}")
@@ -401,6 +432,20 @@ pub(crate) fn default_runtime() -> &'static Runtime {
     DEFAULT.store(std::ptr::from_ref(r).cast_mut(), Ordering::Release);
     r
 }
+
+/// Whether a thread is starting the default runtime, and in which process of the fork line
+/// (`forks()`). Locked only to read or write that, never across the start: a `fork` in the
+/// middle of a start (whose lock would stay held in the child for ever) leaves the child free
+/// to start its own.
+static DEFAULT_STARTING: std::sync::Mutex<Option<u64>> = std::sync::Mutex::new(None);
+static DEFAULT_STARTED: std::sync::Condvar = std::sync::Condvar::new();
+
+fn hold_default_starting_across_fork() {
+    crate::platform::fork::hold_across_fork(|| {
+        Box::new(DEFAULT_STARTING.lock().unwrap_or_else(|e| e.into_inner()))
+    });
+}
+crate::platform::fork::at_load!(hold_default_starting_across_fork);
 
 /// The default runtime, when `VT_TRACE` made it record a trace.
 static TRACED_DEFAULT: OnceLock<Handle> = OnceLock::new();

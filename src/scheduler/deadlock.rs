@@ -21,18 +21,16 @@ use crate::fiber::wait::PLAIN_IN_VT;
 /// under (one built before a `fork` has no threads in the child, and wakes nobody there).
 static LIVE: Mutex<Vec<(RuntimeRef, u64)>> = Mutex::new(Vec::new());
 
+/// A supervisor may hold the list's lock (`check_deadlock`) when another thread forks: the
+/// child's first runtime would wait for ever to register. Only per-runtime locks are taken under
+/// it, so it is a leaf among the locks held across a fork.
+fn hold_live_across_fork() {
+    crate::platform::fork::hold_across_fork(|| Box::new(LIVE.lock().unwrap_or_else(|e| e.into_inner())));
+}
+crate::platform::fork::at_load!(hold_live_across_fork);
+
 /// A runtime has started: from now on it may wake the fibers of the others.
 pub(crate) fn register(rt: &RuntimeRef) {
-    // A supervisor may hold the list's lock (`check_deadlock`) when another thread forks: the
-    // child's first runtime would wait for ever to register. Only per-runtime locks are taken
-    // under it, so it is a leaf among the locks held across a fork.
-    #[cfg(not(loom))]
-    {
-        static AROUND_FORK: std::sync::Once = std::sync::Once::new();
-        AROUND_FORK.call_once(|| {
-            crate::platform::hold_across_fork(|| Box::new(LIVE.lock().unwrap_or_else(|e| e.into_inner())))
-        });
-    }
     LIVE.lock().unwrap_or_else(|e| e.into_inner()).push((rt.clone(), crate::platform::forks()));
 }
 

@@ -522,6 +522,15 @@ fn unwinding_wait(rt: &Shared, carrier: usize) -> Option<WaitReason> {
 
 /// Runtimes that asked for a dump on SIGQUIT. Its lock also serialises installing the handler.
 static ON_SIGQUIT: Mutex<Vec<RuntimeRef>> = Mutex::new(Vec::new());
+/// Taken by a child's runtime that dumps on SIGQUIT, and by the parent's SIGQUIT thread at any
+/// time. A leaf: the SIGQUIT thread is started under it, and a thread's start takes no lock.
+fn hold_sigquit_list_across_fork() {
+    crate::platform::fork::hold_across_fork(|| {
+        Box::new(ON_SIGQUIT.lock().unwrap_or_else(|e| e.into_inner()))
+    });
+}
+crate::platform::fork::at_load!(hold_sigquit_list_across_fork);
+
 /// Adds a runtime to those dumped on SIGQUIT, installing the handler and its thread once.
 pub(crate) fn dump_on_sigquit(rt: &RuntimeRef) -> std::io::Result<()> {
     let mut list = ON_SIGQUIT.lock().unwrap_or_else(|e| e.into_inner());
@@ -542,7 +551,9 @@ pub(crate) fn forget_sigquit(rt: &Shared) {
 /// Called once, under `ON_SIGQUIT`'s lock.
 fn install_sigquit() -> std::io::Result<()> {
     let (read_fd, write_fd) = sys::sigquit_pipe()?;
-    std::thread::Builder::new().name("vt-sigquit".into()).spawn(move || sigquit_thread(read_fd))?;
+    crate::platform::fork::spawn(std::thread::Builder::new().name("vt-sigquit".into()), move || {
+        sigquit_thread(read_fd)
+    })?;
     sys::install_sigquit(write_fd)
 }
 

@@ -54,7 +54,7 @@ impl Shared {
         // Counted as a searcher until its loop runs (`Idle::start_searching`); `Carrier::run`
         // starts with `searching` set, so its first search or sleep ends it.
         self.idle.start_searching();
-        let spawned = std::thread::Builder::new().name(name).spawn(move || {
+        let spawned = crate::platform::fork::spawn(std::thread::Builder::new().name(name), move || {
             match core {
                 // Not fatal: a carrier that cannot be pinned still runs fibers.
                 Some(c) if crate::platform::pin_to(c) => rt.slots[i].cpu.store(c.id, Ordering::Relaxed),
@@ -323,9 +323,10 @@ impl Shared {
             // rest of the drop runs on a thread of its own, as a drop from inside a fiber does.
             // SAFETY: the caller (the runtime's drop) holds a reference to this runtime.
             let rt = unsafe { RuntimeRef::from_shared(self) };
-            let spawned = std::thread::Builder::new()
-                .name(format!("{}-drop", rt.config().thread_name))
-                .spawn(move || super::shutdown::run(&rt, threads));
+            let spawned = crate::platform::fork::spawn(
+                std::thread::Builder::new().name(format!("{}-drop", rt.config().thread_name)),
+                move || super::shutdown::run(&rt, threads),
+            );
             if spawned.is_err() {
                 eprintln!(
                     "virtual-threads: a Runtime was dropped by a thread that one of its fibers joins, and no thread could be started to finish the drop; leaking it"

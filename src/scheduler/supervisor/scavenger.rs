@@ -25,6 +25,15 @@ pub(super) struct Scavenger {
 /// When the next scavenge is due, for every supervisor in the process.
 static NEXT_SCAVENGE: crate::loom::StdMutex<Option<Instant>> = crate::loom::StdMutex::new(None);
 
+/// A supervisor may be reading or writing it when another thread forks, and the child's
+/// supervisor scavenges too.
+fn hold_next_scavenge_across_fork() {
+    crate::platform::fork::hold_across_fork(|| {
+        Box::new(NEXT_SCAVENGE.lock().unwrap_or_else(|e| e.into_inner()))
+    });
+}
+crate::platform::fork::at_load!(hold_next_scavenge_across_fork);
+
 impl Scavenger {
     pub(super) fn new() -> Scavenger {
         Scavenger { next: Instant::now() + SCAVENGE_EVERY }
@@ -41,13 +50,18 @@ impl Scavenger {
         if now < self.next {
             return;
         }
-        let mut shared = NEXT_SCAVENGE.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(next) = shared.filter(|&next| next > now) {
-            self.next = next; // another supervisor scavenged meanwhile
-            return;
+        {
+            let mut shared = NEXT_SCAVENGE.lock().unwrap_or_else(|e| e.into_inner());
+            if let Some(next) = shared.filter(|&next| next > now) {
+                self.next = next; // another supervisor scavenged meanwhile
+                return;
+            }
+            // Claimed: the others skip while this one scavenges. Not locked across the
+            // scavenge, which takes the pools' locks: a leaf, held across a fork.
+            *shared = Some(now + SCAVENGE_EVERY);
         }
         let more = SizeClass::scavenge_all();
         self.next = now + if more { SCAVENGE_AGAIN } else { SCAVENGE_EVERY };
-        *shared = Some(self.next);
+        *NEXT_SCAVENGE.lock().unwrap_or_else(|e| e.into_inner()) = Some(self.next);
     }
 }

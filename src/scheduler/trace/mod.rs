@@ -117,7 +117,7 @@ pub(crate) fn now() -> u64 {
     #[cfg(not(target_arch = "x86_64"))]
     {
         static EPOCH: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
-        EPOCH.get_or_init(std::time::Instant::now).elapsed().as_nanos() as u64
+        crate::platform::fork::init_once(&EPOCH, std::time::Instant::now).elapsed().as_nanos() as u64
     }
 }
 
@@ -262,9 +262,10 @@ impl Recorder {
         drop(rings);
         self.inner.on.store(true, Ordering::Release);
         let inner = self.inner.clone();
-        let writer = thread::Builder::new()
-            .name("vt-trace".into())
-            .spawn(move || writer::run(&inner, file, first_drops, started));
+        let writer =
+            crate::platform::fork::spawn(thread::Builder::new().name("vt-trace".into()), move || {
+                writer::run(&inner, file, first_drops, started)
+            });
         let writer = match writer {
             Ok(w) => w,
             Err(e) => {
