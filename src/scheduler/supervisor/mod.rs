@@ -528,7 +528,11 @@ fn sleep_until_work(
     };
     rt.supervisor_sleeping.store(true, Ordering::SeqCst);
     if !all_idle(rt) {
-        // A carrier is searching or about to run something: sample again next tick.
+        // A carrier is searching or about to run something: sample again next tick. Not
+        // flagged as sleeping: the tick comes anyway, and a flag up for it made every carrier
+        // that left an idle wait meanwhile unpark us (a futex wake and an early tick, hundreds
+        // a second under an HTTP load).
+        rt.supervisor_sleeping.store(false, Ordering::Relaxed);
         std::thread::park_timeout(every);
     } else if !rt.shutdown.load(Ordering::SeqCst) {
         let before = activity(rt);
