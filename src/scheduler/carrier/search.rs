@@ -389,6 +389,11 @@ impl Carrier {
             let n = self.rt.reactor.poll(self.index, timeout);
             bump(&slot.stats.io_wakeups, n as u64);
             let woke = Instant::now();
+            // The set was just read: the busy carrier's periodic poll counts from here. A
+            // server's carrier sleeps and wakes thousands of times a second, and its periodic
+            // polls, each a millisecond after the last one, mostly came microseconds after
+            // such a wait (an `epoll_pwait2` that found nothing new).
+            self.last_poll.set(woke);
             let idle_ns = woke.saturating_duration_since(slept).as_nanos() as u64;
             bump(&slot.stats.idle_ns, idle_ns);
             if let Some(ring) = slot.tracing() {
