@@ -34,38 +34,6 @@ fn in_child_process(test: &str, case: &str) {
     common::child_output(&out, "parent: ok");
 }
 
-/// Waits for the child `pid` up to `limit`; kills it and returns `None` if it is still running.
-fn wait_child(pid: libc::pid_t, limit: Duration) -> Option<i32> {
-    let t = Instant::now();
-    loop {
-        let mut status = 0;
-        // SAFETY: `pid` is our child; `status` is a valid out-pointer.
-        let r = unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) };
-        if r == pid {
-            assert!(libc::WIFEXITED(status), "the child died: status {status:#x}");
-            return Some(libc::WEXITSTATUS(status));
-        }
-        if t.elapsed() > limit {
-            print_stacks(pid);
-            // SAFETY: `pid` is our child.
-            unsafe { libc::kill(pid, libc::SIGKILL) };
-            return None;
-        }
-        std::thread::sleep(Duration::from_millis(5));
-    }
-}
-
-/// Prints every thread's stack of the hung process `pid` where `gdb` is installed: a child that
-/// hangs after a fork waits on a lock held by a thread it does not have, and the stack names it.
-fn print_stacks(pid: libc::pid_t) {
-    let gdb = std::process::Command::new("gdb")
-        .args(["-p", &pid.to_string(), "-batch", "-ex", "thread apply all bt"])
-        .output();
-    if let Ok(out) = gdb {
-        eprintln!("the hung child's threads:\n{}", String::from_utf8_lossy(&out.stdout));
-    }
-}
-
 fn pipe() -> (OwnedFd, OwnedFd) {
     let mut fds = [0; 2];
     // SAFETY: `fds` is a valid array of two descriptors to fill.
@@ -171,7 +139,7 @@ fn fork_from_a_fiber_leaves_the_parent_running_and_the_child_on_a_fresh_runtime(
         }
     }
     drop(done_w);
-    let code = wait_child(pid, STEP);
+    let code = common::wait_child(pid, STEP);
     if let Some(lost) = lost {
         panic!("{lost} (the child: {code:?})");
     }
@@ -199,7 +167,7 @@ fn fork_children(n: usize, child: fn() -> bool) {
             // SAFETY: ends the child at once.
             unsafe { libc::_exit(if ok { 0 } else { 10 }) };
         }
-        match wait_child(pid, STEP) {
+        match common::wait_child(pid, STEP) {
             Some(0) => {}
             Some(code) => panic!("fork {i}: the child's fiber did not finish its work (exit {code})"),
             None => panic!("fork {i}: the child hung (a lock held at the fork stayed held)"),
@@ -374,7 +342,8 @@ fn a_child_forked_after_the_sigquit_dump_was_installed_prints_its_own() {
         assert_eq!(unsafe { libc::kill(libc::getpid(), libc::SIGQUIT) }, 0);
         let mut text = Vec::new();
         let t = Instant::now();
-        let dumped = |text: &[u8]| String::from_utf8_lossy(text).contains("1 fiber parked on channel receive");
+        let dumped =
+            |text: &[u8]| String::from_utf8_lossy(text).contains("1 fiber parked on channel receive");
         while !dumped(&text) && t.elapsed() < STEP / 2 {
             let mut fd = libc::pollfd { fd: r.as_raw_fd(), events: libc::POLLIN, revents: 0 };
             // SAFETY: one valid pollfd.
