@@ -36,6 +36,16 @@ const SHARED_RECHECK: Duration = Duration::from_millis(10);
 
 static TABLE: Table = Table::new();
 
+/// Empties the table in the child of a `fork`: its waiters are fibers of the parent's runtimes,
+/// which never run in the child (`Table::forget_all_after_fork`).
+///
+/// # Safety
+/// Only from a `pthread_atfork` child handler (the child's only thread, before its code runs).
+pub(super) unsafe fn forget_waiters_after_fork() {
+    // SAFETY: the caller's contract is the table's.
+    unsafe { TABLE.forget_all_after_fork() }
+}
+
 /// Interposes `syscall(2)`: futex waits and wakes as the module doc says; the rest passes
 /// through with its six arguments.
 ///
