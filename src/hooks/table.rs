@@ -295,6 +295,15 @@ impl Table {
     }
 }
 
+#[cfg(all(test, not(loom)))]
+impl Table {
+    /// Runs `f` holding the bucket of `addr`, as a wake or a wait does for a few instructions.
+    pub(super) fn with_bucket_held<R>(&self, addr: usize, f: impl FnOnce() -> R) -> R {
+        let _held = self.bucket(addr).lock().expect("this thread holds no bucket");
+        f()
+    }
+}
+
 #[cfg(all(test, loom))]
 #[path = "tests/loom_table.rs"]
 mod loom_tests;
