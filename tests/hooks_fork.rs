@@ -307,6 +307,47 @@ fn a_socket_inherited_from_the_parent_blocks_in_the_child_and_stays_the_parent_s
     println!("parent: ok");
 }
 
+/// A pre-fork server's listener, which no fiber of the parent's used: a child's fiber that
+/// clones it and accepts on it must leave the open file blocking, as the parent and every other
+/// child see it (a child that switched it underneath would make their next classification take
+/// the switched mode for the user's, and their blocking accepts say `WouldBlock`). The
+/// connection the child accepted is the child's own, and its read parks as usual.
+#[test]
+fn a_listener_the_parent_never_used_stays_blocking_after_a_child_s_fiber_accepts_on_it() {
+    if !in_own_process("a_listener_the_parent_never_used_stays_blocking_after_a_child_s_fiber_accepts_on_it")
+    {
+        return;
+    }
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    let kernel_nonblocking = |l: &TcpListener| {
+        // SAFETY: a plain call on an open descriptor (no entry in the table, so the kernel's
+        // mode).
+        let fl = unsafe { libc::fcntl(l.as_raw_fd(), libc::F_GETFL) };
+        assert!(fl >= 0);
+        fl & libc::O_NONBLOCK != 0
+    };
+    let pid = fork_running(|| {
+        let mine = listener.try_clone().unwrap();
+        let got = vt::spawn(move || {
+            let (mut s, _) = mine.accept().unwrap();
+            let mut got = Vec::new();
+            s.read_to_end(&mut got).unwrap();
+            got
+        })
+        .join()
+        .unwrap();
+        assert_eq!(got, b"from the parent");
+        assert!(!kernel_nonblocking(&listener), "the child switched the shared listener");
+    });
+    let mut c = TcpStream::connect(addr).unwrap();
+    c.write_all(b"from the parent").unwrap();
+    c.shutdown(std::net::Shutdown::Write).unwrap();
+    assert_child_ok(pid);
+    assert!(!kernel_nonblocking(&listener), "the parent's listener is non-blocking");
+    println!("parent: ok");
+}
+
 /// A parent's fiber waits on a std `Condvar` (a waiter in the hooks' futex table) when the
 /// process forks. In the child, a fiber waits on its copy of the `Condvar` and the child's plain
 /// thread notifies one: the wake must reach the child's fiber. Before, the table still held the

@@ -51,6 +51,8 @@ fn gate() -> Gate {
 /// them and never reach the child's own waiter) and the bucket locks vanished threads held.
 #[cfg(not(loom))]
 extern "C" fn after_fork_in_child() {
+    // `fork`'s caller in the child may look at `errno`; the listing of descriptors sets it.
+    let _errno = real::SavedErrno::save();
     fd::inherit_all_after_fork();
     // SAFETY: a child handler, on the child's only thread, before the child's code runs.
     unsafe { futex::forget_waiters_after_fork() };
