@@ -348,6 +348,29 @@ fn a_listener_the_parent_never_used_stays_blocking_after_a_child_s_fiber_accepts
     println!("parent: ok");
 }
 
+/// Waits on `cv` until `ready` says so.
+fn wait_until_ready(ready: &Mutex<bool>, cv: &Condvar) {
+    let mut g = ready.lock().unwrap();
+    while !*g {
+        g = cv.wait(g).unwrap();
+    }
+}
+
+/// Sets `ready` and wakes one waiter of `cv`; whether `waiter` (the fiber that waits there)
+/// then finishes within a step.
+fn notify_one_reaches(ready: &Mutex<bool>, cv: &Condvar, waiter: &vt::JoinHandle<()>) -> bool {
+    *ready.lock().unwrap() = true;
+    cv.notify_one();
+    let t = Instant::now();
+    while !waiter.is_finished() {
+        if t.elapsed() > STEP {
+            return false;
+        }
+        std::thread::yield_now();
+    }
+    true
+}
+
 /// A parent's fiber waits on a std `Condvar` (a waiter in the hooks' futex table) when the
 /// process forks. In the child, a fiber waits on its copy of the `Condvar` and the child's plain
 /// thread notifies one: the wake must reach the child's fiber. Before, the table still held the
@@ -360,30 +383,16 @@ fn a_futex_wake_in_a_forked_child_reaches_the_child_s_waiter_not_a_parent_s_fibe
     }
     let rt = vt::Runtime::builder().carriers(1).build().unwrap();
     let pair = Arc::new((Mutex::new(false), Condvar::new()));
-    let wait = |pair: Arc<(Mutex<bool>, Condvar)>| {
-        move || {
-            let (m, cv) = &*pair;
-            let mut ready = m.lock().unwrap();
-            while !*ready {
-                ready = cv.wait(ready).unwrap();
-            }
-        }
-    };
-    let parents = rt.spawn(wait(pair.clone()));
+    let p = pair.clone();
+    let parents = rt.spawn(move || wait_until_ready(&p.0, &p.1));
     assert!(parked(&rt, WaitReason::HookedFutex), "the parent's condvar wait did not park");
     let p = pair.clone();
     let pid = fork_running(move || {
         let rt = one_carrier();
-        let childs = rt.spawn(wait(p.clone()));
+        let q = p.clone();
+        let childs = rt.spawn(move || wait_until_ready(&q.0, &q.1));
         assert!(parked(&rt, WaitReason::HookedFutex), "the child's condvar wait did not park");
-        *p.0.lock().unwrap() = true;
-        p.1.notify_one();
-        let t = Instant::now();
-        while !childs.is_finished() {
-            assert!(t.elapsed() < STEP, "the child's waiter was not woken");
-            std::thread::yield_now();
-        }
-        childs.join().unwrap();
+        assert!(notify_one_reaches(&p.0, &p.1, &childs), "the child's waiter was not woken");
     });
     let code = common::wait_child(pid, 3 * STEP);
     // Before the verdict: the runtime's drop would wait for this fiber for ever.
@@ -391,5 +400,68 @@ fn a_futex_wake_in_a_forked_child_reaches_the_child_s_waiter_not_a_parent_s_fibe
     pair.1.notify_one();
     parents.join().unwrap();
     assert_returned(code);
+    println!("parent: ok");
+}
+
+/// 40 forks while the parent's fibers wait on and wake a std `Condvar` without pause (waiters
+/// in the futex table and its bucket's lock held at many a fork, by carriers the child does not
+/// have): each child's fiber waits on its copy of that `Condvar` and must be woken by the
+/// child's `notify_one`, which goes through the same bucket.
+#[test]
+fn forks_while_the_parent_s_fibers_churn_a_std_condvar_leave_each_child_s_wakes_working() {
+    if !in_own_process("forks_while_the_parent_s_fibers_churn_a_std_condvar_leave_each_child_s_wakes_working")
+    {
+        return;
+    }
+    let rt = vt::Runtime::builder().carriers(2).build().unwrap();
+    let shared = Arc::new((Mutex::new(()), Condvar::new()));
+    let stop = Arc::new(AtomicBool::new(false));
+    let churn: Vec<_> = (0..8)
+        .map(|_| {
+            let (shared, stop) = (shared.clone(), stop.clone());
+            rt.spawn(move || {
+                while !stop.load(Ordering::Relaxed) {
+                    let g = shared.0.lock().unwrap();
+                    shared.1.notify_one();
+                    drop(shared.1.wait_timeout(g, Duration::from_millis(1)).unwrap());
+                }
+            })
+        })
+        .collect();
+    // Stops the churn however this ends: the runtime's drop waits for its fibers, and a churning
+    // one never ends by itself.
+    struct StopOnDrop(Arc<AtomicBool>);
+    impl Drop for StopOnDrop {
+        fn drop(&mut self) {
+            self.0.store(true, Ordering::Relaxed);
+        }
+    }
+    let stopping = StopOnDrop(stop);
+    let mut failed = None;
+    for i in 0..40 {
+        let cv = shared.clone();
+        let pid = fork_running(move || {
+            // Never dropped: a failing child ends at once rather than wait for a stuck fiber.
+            let rt = ManuallyDrop::new(one_carrier());
+            // The child's own lock: the parent's may have been held at the fork.
+            let ready = Arc::new(Mutex::new(false));
+            let (r, c) = (ready.clone(), cv.clone());
+            let waiter = rt.spawn(move || wait_until_ready(&r, &c.1));
+            assert!(parked(&rt, WaitReason::HookedFutex), "fork {i}: the child's wait did not park");
+            assert!(notify_one_reaches(&ready, &cv.1, &waiter), "fork {i}: the child's waiter was not woken");
+        });
+        let code = common::wait_child(pid, 3 * STEP);
+        if code != Some(0) {
+            failed = Some((i, code));
+            break;
+        }
+    }
+    // Before the verdict: the runtime's drop may wait for ever for a fiber in a std wait.
+    drop(stopping);
+    churn.into_iter().for_each(|h| h.join().unwrap());
+    if let Some((i, code)) = failed {
+        print!("fork {i}: ");
+        assert_returned(code);
+    }
     println!("parent: ok");
 }
