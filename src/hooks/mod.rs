@@ -60,8 +60,9 @@ extern "C" fn after_fork_in_child() {
 
 #[cfg(not(loom))]
 extern "C" fn register_fork_handler() {
-    // SAFETY: the handler reads and writes atomics and plain words of static tables, with no
-    // lock or allocation (async-signal-safe).
+    // SAFETY: the handler reads and writes atomics and plain words of static tables and makes
+    // async-signal-safe system calls (`open`, `getdents64`, `close`, `mmap`), with no lock or
+    // allocation: async-signal-safe, as a child handler must be.
     unsafe { crate::platform::fork::after_fork_in_child(after_fork_in_child) };
 }
 
