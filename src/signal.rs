@@ -17,6 +17,7 @@
 use std::fmt;
 use std::io;
 use std::sync::PoisonError;
+use std::time::{Duration, Instant};
 
 use crate::loom::StdMutex as Mutex;
 
@@ -66,19 +67,68 @@ impl fmt::Display for Signal {
     }
 }
 
-/// Which signals have their handler, whether the forwarding thread runs, and who waits.
+/// Which signals have their handler, whether the forwarding thread runs (and the read end of
+/// its pipe), who waits, and in which process of the fork line (`platform::forks()`) all that
+/// is true.
 struct State {
-    started: bool,
+    started: Option<i32>,
     installed: u64,
     waiters: Vec<Fiber>,
+    forks: u64,
 }
 
-static STATE: Mutex<State> = Mutex::new(State { started: false, installed: 0, waiters: Vec::new() });
+static STATE: Mutex<State> = Mutex::new(State { started: None, installed: 0, waiters: Vec::new(), forks: 0 });
+
+/// The forwarding thread may hold the state's lock when another thread forks (it unparks under
+/// it). A leaf: it starts a thread under it, and a thread's start takes no lock.
+fn hold_state_across_fork() {
+    crate::platform::fork::hold_across_fork(|| {
+        Box::new(STATE.lock().unwrap_or_else(PoisonError::into_inner))
+    });
+}
+crate::platform::fork::at_load!(hold_state_across_fork);
 
 fn state() -> std::sync::MutexGuard<'static, State> {
     // Never held across a park or a user callback: nothing can poison it but an allocation
     // failure, after which the list is still consistent.
-    STATE.lock().unwrap_or_else(PoisonError::into_inner)
+    let mut st = STATE.lock().unwrap_or_else(PoisonError::into_inner);
+    if st.forks != crate::platform::forks() {
+        after_fork(&mut st);
+    }
+    st
+}
+
+/// The first use in a child forked since the state was last true: the handlers are still
+/// installed (a fork copies them), but the forwarding thread and the waiters were the parent's,
+/// and the pipe is shared with the parent, whose thread would read the child's signals. A
+/// daemon that forks, then waits for SIGTERM in the child, waited for ever. Start a pipe and a
+/// thread of the child's own.
+fn after_fork(st: &mut State) {
+    // The parent's fibers: dropping their handles would touch the parent's runtime, which has
+    // no threads here.
+    std::mem::forget(std::mem::take(&mut st.waiters));
+    if let Some(read_fd) = st.started.take() {
+        sys::close_read_end(read_fd);
+    }
+    st.forks = crate::platform::forks();
+    if st.installed != 0 {
+        // On failure (out of descriptors or threads), waits poll the counts instead.
+        let _ = start_forwarding(st);
+    }
+}
+
+/// Makes the pipe and starts the `vt-signal` thread, once per process.
+fn start_forwarding(st: &mut State) -> io::Result<()> {
+    if st.started.is_none() {
+        let read_fd = sys::forward_pipe()?;
+        // On failure the pipe stays (its read end unread, so the handler's writes never raise
+        // SIGPIPE); the next call makes another.
+        crate::platform::fork::spawn(std::thread::Builder::new().name("vt-signal".into()), move || {
+            forward(read_fd)
+        })?;
+        st.started = Some(read_fd);
+    }
+    Ok(())
 }
 
 /// `let mut stop = Signals::new(&[Signal::INT, Signal::TERM])?; let sig = stop.wait();`
@@ -132,13 +182,19 @@ impl Signals {
     pub fn wait(&mut self) -> Signal {
         let me = crate::fiber::handle::current();
         let arrived = loop {
-            state().waiters.push(me.clone());
+            let forwarded = {
+                let mut st = state();
+                st.waiters.push(me.clone());
+                st.started.is_some()
+            };
             let counts = self.signals.iter().map(|s| sys::delivered(s.0));
             if let Some(i) = counts.zip(&self.seen).position(|(now, seen)| now != *seen) {
                 self.seen[i] = sys::delivered(self.signals[i].0);
                 break self.signals[i];
             }
-            park_for(WaitReason::Signal, None);
+            // Without a forwarding thread (a forked child that could not start one), look again
+            // every 10 ms rather than wait for ever.
+            park_for(WaitReason::Signal, (!forwarded).then(|| Instant::now() + Duration::from_millis(10)));
         };
         state().waiters.retain(|f| f.id() != me.id());
         arrived
@@ -161,13 +217,7 @@ pub fn ctrl_c() -> io::Result<()> {
 /// Starts the forwarding thread once and installs the handler of each signal not yet handled.
 fn install(signals: &[Signal]) -> io::Result<()> {
     let mut st = state();
-    if !st.started {
-        let read_fd = sys::forward_pipe()?;
-        crate::platform::fork::spawn(std::thread::Builder::new().name("vt-signal".into()), move || {
-            forward(read_fd)
-        })?;
-        st.started = true;
-    }
+    start_forwarding(&mut st)?;
     for s in signals {
         let bit = 1u64 << (s.0 as u64 - 1);
         if st.installed & bit == 0 {

@@ -34,38 +34,6 @@ fn in_child_process(test: &str, case: &str) {
     common::child_output(&out, "parent: ok");
 }
 
-/// Waits for the child `pid` up to `limit`; kills it and returns `None` if it is still running.
-fn wait_child(pid: libc::pid_t, limit: Duration) -> Option<i32> {
-    let t = Instant::now();
-    loop {
-        let mut status = 0;
-        // SAFETY: `pid` is our child; `status` is a valid out-pointer.
-        let r = unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) };
-        if r == pid {
-            assert!(libc::WIFEXITED(status), "the child died: status {status:#x}");
-            return Some(libc::WEXITSTATUS(status));
-        }
-        if t.elapsed() > limit {
-            print_stacks(pid);
-            // SAFETY: `pid` is our child.
-            unsafe { libc::kill(pid, libc::SIGKILL) };
-            return None;
-        }
-        std::thread::sleep(Duration::from_millis(5));
-    }
-}
-
-/// Prints every thread's stack of the hung process `pid` where `gdb` is installed: a child that
-/// hangs after a fork waits on a lock held by a thread it does not have, and the stack names it.
-fn print_stacks(pid: libc::pid_t) {
-    let gdb = std::process::Command::new("gdb")
-        .args(["-p", &pid.to_string(), "-batch", "-ex", "thread apply all bt"])
-        .output();
-    if let Ok(out) = gdb {
-        eprintln!("the hung child's threads:\n{}", String::from_utf8_lossy(&out.stdout));
-    }
-}
-
 fn pipe() -> (OwnedFd, OwnedFd) {
     let mut fds = [0; 2];
     // SAFETY: `fds` is a valid array of two descriptors to fill.
@@ -171,7 +139,7 @@ fn fork_from_a_fiber_leaves_the_parent_running_and_the_child_on_a_fresh_runtime(
         }
     }
     drop(done_w);
-    let code = wait_child(pid, STEP);
+    let code = common::wait_child(pid, STEP);
     if let Some(lost) = lost {
         panic!("{lost} (the child: {code:?})");
     }
@@ -199,7 +167,7 @@ fn fork_children(n: usize, child: fn() -> bool) {
             // SAFETY: ends the child at once.
             unsafe { libc::_exit(if ok { 0 } else { 10 }) };
         }
-        match wait_child(pid, STEP) {
+        match common::wait_child(pid, STEP) {
             Some(0) => {}
             Some(code) => panic!("fork {i}: the child's fiber did not finish its work (exit {code})"),
             None => panic!("fork {i}: the child hung (a lock held at the fork stayed held)"),
@@ -299,4 +267,96 @@ fn a_fork_while_runtimes_start_and_end_their_threads_leaves_the_child_able_to_st
         assert_eq!(rt.block_on(|| vt::spawn(|| 7).join().ok()), Some(7));
     };
     fork_while(build_and_drop, || vt::spawn(|| 7).join().ok() == Some(7));
+}
+
+/// A daemon's pattern: handlers installed, then a fork, and the child waits for its own
+/// signals. The forwarding thread and the pipe it reads were the parent's (the pipe is shared
+/// with the child), so the child's wait never woke. The child must get its own; the parent's
+/// waits must still work after.
+#[test]
+fn a_child_forked_after_signals_were_installed_waits_for_its_own() {
+    const NAME: &str = "a_child_forked_after_signals_were_installed_waits_for_its_own";
+    if std::env::var(CHILD).is_err() {
+        in_child_process(NAME, "signal");
+        return;
+    }
+    use vt::signal::{Signal, Signals};
+    // Until `done` says the wait returned, for at most half a STEP (a child that gives up says
+    // so before it counts as hung): a signal sent before the waiter parked only counts, one
+    // sent after must wake it.
+    fn raise_until(done: impl Fn() -> bool) -> bool {
+        let t = Instant::now();
+        while !done() {
+            if t.elapsed() > STEP / 2 {
+                return false;
+            }
+            // SAFETY: kill(2) to this process, with a signal whose handler `vt::signal` installed.
+            assert_eq!(unsafe { libc::kill(libc::getpid(), libc::SIGUSR1) }, 0);
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        true
+    }
+    let mut before_fork = Signals::new(&[Signal::USR1]).unwrap();
+    fork_children(1, || {
+        let waiter = vt::spawn(|| vt::signal::wait_for(&[Signal::USR1]).unwrap());
+        raise_until(|| waiter.is_finished()) && waiter.join().ok() == Some(Signal::USR1)
+    });
+    let waiter = std::thread::spawn(move || before_fork.wait());
+    assert!(raise_until(|| waiter.is_finished()), "the parent's wait did not return after the child's");
+    assert_eq!(waiter.join().unwrap(), Signal::USR1);
+    println!("parent: ok");
+}
+
+/// As above for the dump on SIGQUIT: a child's runtime that asks for it must print its own
+/// dump, not have the parent's SIGQUIT thread (which reads the pipe the child shared) print
+/// the parent's.
+#[test]
+fn a_child_forked_after_the_sigquit_dump_was_installed_prints_its_own() {
+    const NAME: &str = "a_child_forked_after_the_sigquit_dump_was_installed_prints_its_own";
+    if std::env::var(CHILD).is_err() {
+        in_child_process(NAME, "sigquit");
+        return;
+    }
+    let parents =
+        vt::Runtime::builder().carriers(1).dump_on_sigquit(true).deadlock_report(None).build().unwrap();
+    let (_tx, rx) = vt::channel::bounded::<()>(1);
+    let _parked = parents.spawn(move || rx.recv());
+    fork_children(1, || {
+        // The child's stderr goes to a pipe that it reads itself.
+        let (r, w) = pipe();
+        // SAFETY: both descriptors are open; fd 2 becomes the pipe's write end.
+        assert!(unsafe { libc::dup2(w.as_raw_fd(), 2) } == 2);
+        let rt =
+            vt::Runtime::builder().carriers(1).dump_on_sigquit(true).deadlock_report(None).build().unwrap();
+        let (tx, rx) = vt::channel::bounded::<()>(1);
+        let _receiver = rt.spawn(move || rx.recv());
+        // The dump must find it parked, so the line looked for is there at the first signal.
+        let t = Instant::now();
+        while !rt.dump().fibers().iter().any(|f| matches!(f.state, vt::FiberState::Parked { .. })) {
+            if t.elapsed() > STEP / 2 {
+                return false;
+            }
+            std::thread::yield_now();
+        }
+        // SAFETY: kill(2) to this process; the runtime installed SIGQUIT's handler.
+        assert_eq!(unsafe { libc::kill(libc::getpid(), libc::SIGQUIT) }, 0);
+        let mut text = Vec::new();
+        let t = Instant::now();
+        let dumped =
+            |text: &[u8]| String::from_utf8_lossy(text).contains("1 fiber parked on channel receive");
+        while !dumped(&text) && t.elapsed() < STEP / 2 {
+            let mut fd = libc::pollfd { fd: r.as_raw_fd(), events: libc::POLLIN, revents: 0 };
+            // SAFETY: one valid pollfd.
+            unsafe { libc::poll(&mut fd, 1, 100) };
+            let mut buf = [0u8; 4096];
+            // SAFETY: a valid buffer of its length; the descriptor is open and non-blocking.
+            let n = unsafe { libc::read(r.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) };
+            if n > 0 {
+                text.extend_from_slice(&buf[..n as usize]);
+            }
+        }
+        drop(tx);
+        dumped(&text)
+    });
+    println!("parent: ok");
 }

@@ -129,18 +129,7 @@ fn peers_that_close_reset_and_send_then_close() {
                     // Wait for the client to have read the data (it says so), then reset.
                     let mut b = [0u8; 1];
                     s.read_exact(&mut b).unwrap();
-                    let l = libc::linger { l_onoff: 1, l_linger: 0 };
-                    // SAFETY: `l` is a valid linger for the call.
-                    let r = unsafe {
-                        libc::setsockopt(
-                            s.as_raw_fd(),
-                            libc::SOL_SOCKET,
-                            libc::SO_LINGER,
-                            (&raw const l).cast(),
-                            size_of::<libc::linger>() as u32,
-                        )
-                    };
-                    assert_eq!(r, 0);
+                    common::set_linger_zero(&s);
                 }
                 _ => {}
             }

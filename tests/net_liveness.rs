@@ -28,24 +28,6 @@ fn message(len: usize) -> Vec<u8> {
     (0..len).map(|i| (i * 31 + 7) as u8).collect()
 }
 
-/// `SO_LINGER` 0 on a std socket, so that closing it sends a reset (std's `set_linger` is
-/// unstable).
-fn set_linger_zero(s: &std::net::TcpStream) {
-    use std::os::fd::AsRawFd;
-    let l = libc::linger { l_onoff: 1, l_linger: 0 };
-    // SAFETY: `l` is a valid `linger` for the length given; the descriptor is open.
-    let r = unsafe {
-        libc::setsockopt(
-            s.as_raw_fd(),
-            libc::SOL_SOCKET,
-            libc::SO_LINGER,
-            (&l as *const libc::linger).cast(),
-            std::mem::size_of::<libc::linger>() as libc::socklen_t,
-        )
-    };
-    assert_eq!(r, 0, "setsockopt(SO_LINGER)");
-}
-
 /// An echo server fiber per connection, each `io::copy` back to the peer then `shutdown(Write)`:
 /// the peer sees its bytes, then end of stream.
 fn spawn_copy_echo_server() -> SocketAddr {
@@ -136,7 +118,7 @@ fn data_then_close_or_reset_seen_in_one_event_ends_the_stream() {
                     conn.read_exact(&mut one).unwrap();
                     conn.write_all(&message(100)).unwrap();
                     if reset {
-                        set_linger_zero(&conn);
+                        common::set_linger_zero(&conn);
                     }
                     drop(conn);
                     peer_sent.store(true, Ordering::Release);

@@ -14,6 +14,11 @@
 //! flag bits below, a spin-lock bit for classification and registration, and the address of
 //! the descriptor's reactor registration (made at its first wait), shared with the fibers
 //! waiting on it so that a `close` while they wait fails them rather than free it under them.
+//!
+//! In the child of a `fork`, every descriptor open at the fork is marked `INHERITED`
+//! (`inherit_all_after_fork`): the open file, its non-blocking mode and the registration's
+//! epoll set are shared with the parent, so the child's calls on it pass through (blocking as
+//! the user asked) and never switch, register or deregister it. `arch/hooks.md` ("Fork").
 
 use std::ffi::{c_int, c_long, c_ulong};
 use std::sync::Arc;
@@ -32,8 +37,11 @@ pub(super) const USER_NONBLOCK: usize = 4;
 pub(super) const SOCKET: usize = 8;
 /// The entry's spin lock.
 const LOCKED: usize = 16;
-const FLAGS: usize = KNOWN | POLLABLE | USER_NONBLOCK | SOCKET;
-const BITS: usize = 32;
+/// Open in the parent when this process was forked: its calls pass through, as a plain
+/// thread's, whoever makes them (the module doc).
+pub(super) const INHERITED: usize = 32;
+const FLAGS: usize = KNOWN | POLLABLE | USER_NONBLOCK | SOCKET | INHERITED;
+const BITS: usize = 64;
 
 const CHUNK: usize = 4096;
 const CHUNKS: usize = 256;
@@ -46,7 +54,7 @@ static TABLE: [AtomicPtr<AtomicUsize>; CHUNKS] = [const { AtomicPtr::new(std::pt
 
 /// A descriptor's registration, shared by the table and the fibers waiting on it. Aligned so
 /// that its address leaves the entry's flag bits free.
-#[repr(align(32))]
+#[repr(align(64))]
 pub(super) struct Hooked {
     pub(super) reg: Registration,
 }
@@ -260,6 +268,99 @@ fn forget(fd: c_int) -> usize {
     w & FLAGS
 }
 
+/// Marks every descriptor open at the fork `INHERITED`, in the child of a `fork` (a
+/// `pthread_atfork` child handler, on the child's only thread, before any other code of the
+/// child's). What the parent knew of a descriptor stays true of the open file the child
+/// shares, so its flags are kept; its registration is the parent's (its epoll set is the
+/// parent's kernel object), so the child forgets it without freeing or retiring it (a leak of
+/// the child's copy); a lock bit was held by a thread the child does not have. A descriptor
+/// the parent's hooks never saw (a pre-fork server's listener) is found in `/proc/self/fd`
+/// and recorded as one never switched: a fiber of the child's must not switch an open file
+/// the parent and the other children share, where their next classification would take the
+/// switched mode for the user's. Without `/proc`, only the known ones are marked. An entry the
+/// parent was classifying at the fork (locked, `KNOWN` not yet stored) keeps only what it had
+/// recorded: if `POLLABLE` was not, the child takes the descriptor for one never switched.
+///
+/// System calls, atomics and a buffer on the stack only: async-signal-safe, as a child
+/// handler must be.
+pub(super) fn inherit_all_after_fork() {
+    for slot in &TABLE {
+        // Relaxed: the child's only thread, and chunks are never unmapped.
+        let p = slot.load(Ordering::Relaxed);
+        if p.is_null() {
+            continue;
+        }
+        for i in 0..CHUNK {
+            // SAFETY: a published chunk holds `CHUNK` words and is never unmapped.
+            let e = unsafe { &*p.add(i) };
+            let w = e.load(Ordering::Relaxed);
+            if w != 0 {
+                e.store(INHERITED | KNOWN | (w & (POLLABLE | USER_NONBLOCK | SOCKET)), Ordering::Relaxed);
+            }
+        }
+    }
+    for_each_open_descriptor(|fd| {
+        if let Some(e) = entry(fd, true) {
+            // Relaxed: as above. A known one was marked above.
+            if e.load(Ordering::Relaxed) == 0 {
+                e.store(INHERITED | KNOWN, Ordering::Relaxed);
+            }
+        }
+    });
+}
+
+/// Calls `f` with every descriptor open in this process (`/proc/self/fd`, read with
+/// `getdents64` into a buffer on the stack: no allocation), but the one it reads them through.
+/// Nothing if `/proc` is not there.
+fn for_each_open_descriptor(mut f: impl FnMut(c_int)) {
+    let flags = libc::O_RDONLY | libc::O_DIRECTORY | libc::O_CLOEXEC;
+    // SAFETY: a NUL-terminated path; `open` is not hooked.
+    let dir = unsafe { libc::open(c"/proc/self/fd".as_ptr(), flags) };
+    if dir < 0 {
+        return;
+    }
+    // `linux_dirent64` records: 8-byte aligned, as the kernel writes them.
+    let mut buf = [0u64; 512];
+    loop {
+        let a = [dir as c_long, buf.as_mut_ptr() as c_long, size_of_val(&buf) as c_long, 0, 0, 0];
+        // SAFETY: `buf` is writable for the length given; `dir` is open.
+        let n = unsafe { real::syscall(libc::SYS_getdents64, a) };
+        if n <= 0 {
+            break;
+        }
+        // SAFETY: the kernel wrote `n` bytes of records at `buf`.
+        let bytes = unsafe { std::slice::from_raw_parts(buf.as_ptr().cast::<u8>(), n as usize) };
+        let mut at = 0;
+        while at + 19 < bytes.len() {
+            // A record: inode (8 bytes), offset (8), its length (2), type (1), NUL-ended name.
+            let len = u16::from_ne_bytes([bytes[at + 16], bytes[at + 17]]) as usize;
+            if len < 20 {
+                break; // not a record (no unwinding out of a fork handler)
+            }
+            let name = &bytes[at + 19..(at + len).min(bytes.len())];
+            let name = name.split(|&b| b == 0).next().unwrap_or_default();
+            match descriptor_number(name) {
+                Some(fd) if fd != dir => f(fd),
+                _ => {}
+            }
+            at += len;
+        }
+    }
+    // SAFETY: our own descriptor, closed once; through libc's `close`, as the table never knew it.
+    unsafe { real::close(dir) };
+}
+
+/// A descriptor's number from its name in `/proc/self/fd` (`None` for `.` and `..`).
+fn descriptor_number(name: &[u8]) -> Option<c_int> {
+    if name.is_empty() {
+        return None;
+    }
+    name.iter().try_fold(0 as c_int, |n, &b| {
+        let digit = b.checked_sub(b'0').filter(|d| *d <= 9)?;
+        n.checked_mul(10)?.checked_add(c_int::from(digit))
+    })
+}
+
 /// Gives `new` (a duplicate of `old`) `old`'s flags: they share the open file, so its
 /// underlying non-blocking mode too. Its registration is its own, made at its first wait.
 ///
@@ -267,7 +368,8 @@ fn forget(fd: c_int) -> usize {
 /// the two would switch the shared open file to non-blocking, and the other, classified later,
 /// would read that as the user's own mode (a server's `try_clone` pair, seen returning `EAGAIN`
 /// to a blocking write). Classifying needs no fiber: a plain thread on a switched descriptor
-/// still blocks (`io.rs`).
+/// still blocks (`io.rs`). A duplicate of an `INHERITED` descriptor is inherited too: it is the
+/// parent's open file.
 fn copy(old: c_int, new: c_int) {
     let f = classify(old);
     if let Some(e) = entry(new, f != 0) {
@@ -283,9 +385,7 @@ fn copy(old: c_int, new: c_int) {
 /// As for `close(2)` (the caller owns the descriptor).
 #[unsafe(no_mangle)]
 pub(super) unsafe extern "C" fn close(fd: c_int) -> c_int {
-    if !real::in_fork_child() {
-        forget(fd);
-    }
+    forget(fd);
     // SAFETY: the caller's descriptor.
     unsafe { real::close(fd) }
 }
@@ -298,7 +398,7 @@ pub(super) unsafe extern "C" fn close(fd: c_int) -> c_int {
 pub(super) unsafe extern "C" fn dup(fd: c_int) -> c_int {
     // SAFETY: the caller's descriptor.
     let new = unsafe { real::dup(fd) };
-    if new >= 0 && !real::in_fork_child() {
+    if new >= 0 {
         copy(fd, new);
     }
     new
@@ -310,7 +410,7 @@ pub(super) unsafe extern "C" fn dup(fd: c_int) -> c_int {
 /// As for the C library's function of this name.
 #[unsafe(no_mangle)]
 pub(super) unsafe extern "C" fn dup2(old: c_int, new: c_int) -> c_int {
-    if real::in_fork_child() || old == new {
+    if old == new {
         // SAFETY: the caller's descriptors.
         return unsafe { real::dup2(old, new) };
     }
@@ -329,7 +429,7 @@ pub(super) unsafe extern "C" fn dup2(old: c_int, new: c_int) -> c_int {
 /// As for the C library's function of this name.
 #[unsafe(no_mangle)]
 pub(super) unsafe extern "C" fn dup3(old: c_int, new: c_int, flags: c_int) -> c_int {
-    if real::in_fork_child() || old == new {
+    if old == new {
         // SAFETY: the caller's arguments.
         return unsafe { real::dup3(old, new, flags) };
     }
@@ -350,7 +450,7 @@ pub(super) unsafe extern "C" fn dup3(old: c_int, new: c_int, flags: c_int) -> c_
 /// As for `fcntl(2)`.
 #[unsafe(no_mangle)]
 pub(super) unsafe extern "C" fn fcntl(fd: c_int, cmd: c_int, arg: c_long) -> c_int {
-    let tracked = !real::in_fork_child() && flags(fd) & POLLABLE != 0;
+    let tracked = flags(fd) & POLLABLE != 0;
     match cmd {
         libc::F_GETFL if tracked => {
             // SAFETY: the caller's descriptor.
@@ -373,7 +473,7 @@ pub(super) unsafe extern "C" fn fcntl(fd: c_int, cmd: c_int, arg: c_long) -> c_i
         libc::F_DUPFD | libc::F_DUPFD_CLOEXEC => {
             // SAFETY: the caller's arguments.
             let new = unsafe { real::fcntl(fd, cmd, arg) };
-            if new >= 0 && !real::in_fork_child() {
+            if new >= 0 {
                 copy(fd, new);
             }
             new
@@ -390,7 +490,7 @@ pub(super) unsafe extern "C" fn fcntl(fd: c_int, cmd: c_int, arg: c_long) -> c_i
 /// As for `ioctl(2)`.
 #[unsafe(no_mangle)]
 pub(super) unsafe extern "C" fn ioctl(fd: c_int, req: c_ulong, arg: c_long) -> c_int {
-    if req == libc::FIONBIO as c_ulong && !real::in_fork_child() && flags(fd) & POLLABLE != 0 {
+    if req == libc::FIONBIO as c_ulong && flags(fd) & POLLABLE != 0 {
         if let Some(e) = entry(fd, false) {
             let on: c_int = 1;
             let w = lock(e);
@@ -404,4 +504,33 @@ pub(super) unsafe extern "C" fn ioctl(fd: c_int, req: c_ulong, arg: c_long) -> c
     }
     // SAFETY: the caller's arguments, as they came.
     unsafe { real::ioctl(fd, req, arg) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_listing_of_open_descriptors_names_each_open_one() {
+        let mut fds = [0; 2];
+        // SAFETY: `fds` is a writable array of two; `pipe2` is not hooked.
+        assert_eq!(unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) }, 0);
+        let mut open = Vec::new();
+        for_each_open_descriptor(|fd| open.push(fd));
+        for fd in fds {
+            // SAFETY: our own descriptor, closed once.
+            unsafe { real::close(fd) };
+        }
+        // Other tests open and close descriptors meanwhile: only these two are sure to be open.
+        assert!(open.contains(&fds[0]) && open.contains(&fds[1]), "{fds:?} not in {open:?}");
+    }
+
+    #[test]
+    fn a_descriptor_number_is_decimal_digits_only() {
+        assert_eq!(descriptor_number(b"0"), Some(0));
+        assert_eq!(descriptor_number(b"1048575"), Some(1_048_575));
+        for name in [&b"."[..], b"..", b"", b"12a", b"99999999999"] {
+            assert_eq!(descriptor_number(name), None, "{name:?}");
+        }
+    }
 }

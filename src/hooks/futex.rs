@@ -36,6 +36,16 @@ const SHARED_RECHECK: Duration = Duration::from_millis(10);
 
 static TABLE: Table = Table::new();
 
+/// Empties the table in the child of a `fork`: its waiters are fibers of the parent's runtimes,
+/// which never run in the child (`Table::forget_all_after_fork`).
+///
+/// # Safety
+/// Only from a `pthread_atfork` child handler (the child's only thread, before its code runs).
+pub(super) unsafe fn forget_waiters_after_fork() {
+    // SAFETY: the caller's contract is the table's.
+    unsafe { TABLE.forget_all_after_fork() }
+}
+
 /// Interposes `syscall(2)`: futex waits and wakes as the module doc says; the rest passes
 /// through with its six arguments.
 ///
@@ -233,4 +243,56 @@ unsafe fn wait(
     };
     set_errno(errno);
     ret
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A fork while another thread holds a bucket of the table (inside a wake's or a wait's
+    /// few instructions under the lock): the child has no such thread, and its first wake on
+    /// that bucket would spin for ever had the child handler not freed the locks.
+    #[test]
+    fn a_bucket_held_at_a_fork_is_free_in_the_child() {
+        static WORD: AtomicU32 = AtomicU32::new(0);
+        let addr = WORD.as_ptr() as usize;
+        let (held_tx, held_rx) = std::sync::mpsc::channel();
+        let (go_tx, go_rx) = std::sync::mpsc::channel::<()>();
+        let holder = std::thread::spawn(move || {
+            TABLE.with_bucket_held(addr, || {
+                held_tx.send(()).unwrap();
+                // Bounded: a fork handler of the parent's side that wakes through this bucket
+                // (a contended unlock of a lock whose address shares it) waits for this hold,
+                // and `fork` returns only after it.
+                go_rx.recv_timeout(Duration::from_secs(10)).is_ok()
+            })
+        });
+        held_rx.recv().unwrap();
+        // SAFETY: the child makes one wake through the table (no allocation, no lock but the
+        // bucket's) and ends with `_exit`.
+        let pid = unsafe { libc::fork() };
+        if pid == 0 {
+            let woken = TABLE.wake(addr, u32::MAX, 1);
+            // SAFETY: ends the child at once.
+            unsafe { libc::_exit(if woken == Some(0) { 0 } else { 1 }) };
+        }
+        assert!(pid > 0, "fork failed");
+        // The holder may have given up (and dropped its receiver) if the fork outlasted it.
+        let _ = go_tx.send(());
+        assert!(holder.join().unwrap(), "the fork outlasted the bucket's hold: nothing was tested");
+        let t = Instant::now();
+        let mut status = 0;
+        // SAFETY: `pid` is this test's child; `status` a valid out-pointer.
+        while unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) } != pid {
+            if t.elapsed() > Duration::from_secs(20) {
+                // SAFETY: as above.
+                unsafe { libc::kill(pid, libc::SIGKILL) };
+                // SAFETY: as above; reaps the killed child.
+                unsafe { libc::waitpid(pid, &mut status, 0) };
+                panic!("the child's wake on a bucket held at the fork did not return");
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        assert!(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0, "child status {status:#x}");
+    }
 }

@@ -9,14 +9,16 @@
 //! call and end it as the kernel would (`EAGAIN`; `EINPROGRESS` for `connect`). A plain thread
 //! on such a descriptor waits in `poll(2)`, so it still sees a blocking call. Regular files,
 //! descriptors the user made non-blocking, and calls asking `MSG_DONTWAIT` pass straight
-//! through. A cancelled fiber's call returns `ECANCELED` (`arch/decisions/0011-*.md`).
+//! through. A descriptor inherited from the parent of a `fork` is the parent's (`fd.rs`): a
+//! fiber's call on it takes the plain thread's path, `poll(2)` included, and blocks its carrier.
+//! A cancelled fiber's call returns `ECANCELED` (`arch/decisions/0011-*.md`).
 
 use std::ffi::{c_int, c_void};
 use std::time::{Duration, Instant};
 
 use libc::{msghdr, size_t, sockaddr, socklen_t, ssize_t};
 
-use super::fd::{self, Hooked, POLLABLE, SOCKET, USER_NONBLOCK};
+use super::fd::{self, Hooked, INHERITED, POLLABLE, SOCKET, USER_NONBLOCK};
 use super::real::{self, errno, set_errno};
 use super::{Gate, gate, parking};
 use crate::fiber::wait::WaitReason;
@@ -47,10 +49,12 @@ fn blocking(
     }
     if gate() == Gate::Park {
         let f = fd::classify(fd);
-        if f & POLLABLE == 0 || f & USER_NONBLOCK != 0 {
-            return call();
+        if f & (POLLABLE | USER_NONBLOCK | INHERITED) == POLLABLE {
+            return fiber_wait(fd, f, dir, t, call);
         }
-        return fiber_wait(fd, f, dir, t, call);
+        // Not a wait of the hooks' (a regular file, the user's non-blocking mode, a parent's
+        // descriptor): the call as it was, and on an inherited descriptor the parent switched,
+        // the plain thread's `poll(2)`.
     }
     let r = call();
     if r >= 0 { r } else { passed_failed(fd, dir, t, call) }
@@ -65,8 +69,7 @@ fn blocking(
 #[cold]
 #[inline(never)]
 fn passed_failed(fd: c_int, dir: Direction, t: TimeoutErr, call: impl FnMut() -> isize) -> isize {
-    // In a fork child the table is the parent's copy: the call is the caller's as it was.
-    if errno() != libc::EAGAIN || real::in_fork_child() {
+    if errno() != libc::EAGAIN {
         return -1;
     }
     let f = fd::flags(fd);
@@ -315,7 +318,7 @@ pub(super) unsafe extern "C" fn connect(fd: c_int, addr: *const sockaddr, len: s
         return r;
     }
     // A passed-through call reads the table only now, as `passed_failed` does.
-    let f = if fiber || real::in_fork_child() { f } else { fd::flags(fd) };
+    let f = if fiber { f } else { fd::flags(fd) };
     if f & POLLABLE == 0 || f & USER_NONBLOCK != 0 {
         return r;
     }

@@ -21,7 +21,7 @@ use crate::scheduler::reactor::registration::{Learnt, Registration, Wait};
 /// runtime's drop is unwinding takes the same path, which `wait_on` ends with `ECANCELED`
 /// after the zero-timeout try: passed through, its wait would hold the drop for ever.
 fn parks(zero: bool) -> bool {
-    !zero && !real::in_fork_child() && gate() != Gate::Pass
+    !zero && gate() != Gate::Pass
 }
 
 /// The deadline of a `poll`-style millisecond timeout (negative: none).

@@ -9,7 +9,7 @@
 //! cancellation point. `arch/hooks.md` ("Symbol resolution").
 
 use std::ffi::{CStr, c_int, c_long, c_void};
-use std::sync::atomic::{AtomicBool, AtomicPtr, Ordering};
+use std::sync::atomic::{AtomicPtr, Ordering};
 
 /// One real libc function, resolved once.
 pub(super) struct Real {
@@ -191,28 +191,10 @@ unsafe fn dup2_fallback(old: c_int, new: c_int) -> c_long {
     unsafe { raw_syscall(libc::SYS_dup3, [old as L, new as L, 0, 0, 0, 0]) }
 }
 
-/// Set in the child of a `fork` (a `pthread_atfork` handler): the child has one thread and no
-/// carriers, though its copy of the forking thread's thread-locals may say otherwise, so every
-/// hook passes straight through there.
-static IN_FORK_CHILD: AtomicBool = AtomicBool::new(false);
-
-extern "C" fn after_fork_in_child() {
-    IN_FORK_CHILD.store(true, Ordering::Relaxed);
-}
-
-/// Whether this process is the child of a `fork` made after it started.
-#[inline(always)]
-pub(super) fn in_fork_child() -> bool {
-    IN_FORK_CHILD.load(Ordering::Relaxed)
-}
-
 extern "C" fn resolve_all() {
     for r in ALL.iter().chain(DESCRIPTORS) {
         r.get();
     }
-    // SAFETY: registers a handler that stores to an atomic (async-signal-safe, as a fork child
-    // handler must be); the other two are none.
-    unsafe { libc::pthread_atfork(None, None, Some(after_fork_in_child)) };
 }
 
 /// Runs `resolve_all` before `main`, so that no hook resolves on its own path.

@@ -203,6 +203,25 @@ impl Table {
         }
     }
 
+    /// Forgets every waiter and frees every bucket's lock, in the child of a `fork`: each
+    /// waiter is a fiber of the parent's, which the child never runs, so a wake that counted one
+    /// would be a wake lost for the child's own waiter; and a lock held at the fork is held by
+    /// a thread the child does not have. The nodes (in those fibers' stacks) and their handles
+    /// are left as they are: a leak of the child's copy, never touched again.
+    ///
+    /// # Safety
+    /// Only on the only thread of a forked child, before any other code there uses the table
+    /// (a `pthread_atfork` child handler): nothing else may hold a bucket or a node then.
+    #[cfg(not(loom))]
+    pub(super) unsafe fn forget_all_after_fork(&self) {
+        for b in &self.buckets {
+            // Relaxed: the only thread.
+            b.lock.store(0, Ordering::Relaxed);
+            b.head.set(ptr::null());
+            b.tail.set(ptr::null());
+        }
+    }
+
     fn bucket(&self, addr: usize) -> &Bucket {
         // Futex words are 4-aligned; a multiplicative hash spreads neighbouring words.
         let h = (addr >> 2).wrapping_mul(0x9E37_79B9_7F4A_7C15_u64 as usize);
@@ -273,6 +292,15 @@ impl Table {
                 return Some(woken);
             }
         }
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+impl Table {
+    /// Runs `f` holding the bucket of `addr`, as a wake or a wait does for a few instructions.
+    pub(super) fn with_bucket_held<R>(&self, addr: usize, f: impl FnOnce() -> R) -> R {
+        let _held = self.bucket(addr).lock().expect("this thread holds no bucket");
+        f()
     }
 }
 

@@ -5,7 +5,7 @@
 
 use std::io;
 use std::mem::MaybeUninit;
-use std::sync::atomic::{AtomicI32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, Ordering};
 
 /// A signal number.
 pub(crate) type Signo = libc::c_int;
@@ -148,10 +148,20 @@ static DELIVERED: [AtomicU64; FORWARD_MAX + 1] = [const { AtomicU64::new(0) }; F
 /// The write end of the pipe that wakes the forwarding thread; -1 until `forward_pipe`.
 static FORWARD_FD: AtomicI32 = AtomicI32::new(-1);
 
-/// Makes the pipe the handler writes to and returns its read end. Its write end is
-/// non-blocking: a burst of signals that fills it loses bytes, not counts (and the reader
-/// wakes all waiters for any byte).
+/// Makes the pipe the handler writes to and returns its read end (see `renew_pipe`). A burst
+/// of signals that fills it loses bytes, not counts (and the reader wakes all waiters for any
+/// byte). Called under `crate::signal`'s state lock only.
 pub(crate) fn forward_pipe() -> io::Result<i32> {
+    renew_pipe(&FORWARD_FD)
+}
+
+/// Makes a self-pipe for a signal handler that writes to the descriptor in `slot`, and returns
+/// its read end. The write end is non-blocking, so a handler never blocks on a full pipe. Made
+/// again (in a forked child, whose old pipe is shared with the parent, whose reader would take
+/// the child's bytes), the new write end takes the old one's descriptor number (`dup3`), so a
+/// handler that has just loaded the number writes to the new pipe, never to a closed or reused
+/// descriptor. Callers serialise calls for one slot.
+fn renew_pipe(slot: &AtomicI32) -> io::Result<i32> {
     let mut fds = [0i32; 2];
     // SAFETY: `fds` is a valid array of two ints for pipe2 to fill.
     if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
@@ -159,8 +169,32 @@ pub(crate) fn forward_pipe() -> io::Result<i32> {
     }
     // SAFETY: `fds[1]` is the write end just made; setting O_NONBLOCK has no other effect.
     unsafe { libc::fcntl(fds[1], libc::F_SETFL, libc::O_NONBLOCK) };
-    FORWARD_FD.store(fds[1], Ordering::Release);
+    let old = slot.load(Ordering::Acquire);
+    if old < 0 {
+        slot.store(fds[1], Ordering::Release);
+        return Ok(fds[0]);
+    }
+    // SAFETY: `old` is the previous pipe's write end, ours; `dup3` replaces it atomically with
+    // the new write end (sharing its open file, O_NONBLOCK included).
+    let r = unsafe { libc::dup3(fds[1], old, libc::O_CLOEXEC) };
+    let e = io::Error::last_os_error();
+    // SAFETY: the new write end, ours; `old` now names the same pipe (or the call failed and
+    // the new pipe goes).
+    unsafe { libc::close(fds[1]) };
+    if r < 0 {
+        // SAFETY: the new read end, ours and unused.
+        unsafe { libc::close(fds[0]) };
+        return Err(e);
+    }
     Ok(fds[0])
+}
+
+/// Closes a read end `forward_pipe` or `sigquit_pipe` returned, in a forked child, whose copy
+/// is shared with the parent (the parent's reading thread keeps its own open). The handlers
+/// never touch a read end.
+pub(crate) fn close_read_end(read_fd: i32) {
+    // SAFETY: `read_fd` is ours (made by `renew_pipe`), and its reader, in a child, is not there.
+    unsafe { libc::close(read_fd) };
 }
 
 /// Installs the forwarding handler for `sig` (after `forward_pipe`). It replaces the
@@ -220,28 +254,24 @@ pub(crate) fn wait_forwarded(fd: i32) -> bool {
     }
 }
 
-/// Write end of SIGQUIT's self-pipe (`install_sigquit`); -1 until installed.
+/// Write end of SIGQUIT's self-pipe (`sigquit_pipe`); -1 until made.
 static SIGQUIT_FD: AtomicI32 = AtomicI32::new(-1);
-
 /// Whether `install_sigquit` ran.
+static SIGQUIT_INSTALLED: AtomicBool = AtomicBool::new(false);
+
+/// Whether `install_sigquit` ran (in this process or the parent it was forked from).
 pub(crate) fn sigquit_installed() -> bool {
-    SIGQUIT_FD.load(Ordering::Relaxed) != -1
+    SIGQUIT_INSTALLED.load(Ordering::Relaxed)
 }
 
-/// Makes SIGQUIT's self-pipe: (read end, write end). The caller starts its reader
-/// (`wait_forwarded`), then calls `install_sigquit` with the write end.
-pub(crate) fn sigquit_pipe() -> io::Result<(i32, i32)> {
-    let mut fds = [0i32; 2];
-    // SAFETY: `fds` is a valid array of two ints for pipe2 to fill.
-    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok((fds[0], fds[1]))
+/// Makes SIGQUIT's self-pipe (see `renew_pipe`) and returns its read end. The caller starts
+/// its reader (`wait_forwarded`), then calls `install_sigquit` once.
+pub(crate) fn sigquit_pipe() -> io::Result<i32> {
+    renew_pipe(&SIGQUIT_FD)
 }
 
-/// Installs the SIGQUIT handler, which writes a byte to `write_fd` per signal.
-pub(crate) fn install_sigquit(write_fd: i32) -> io::Result<()> {
-    SIGQUIT_FD.store(write_fd, Ordering::Relaxed);
+/// Installs the SIGQUIT handler, which writes a byte to the pipe per signal.
+pub(crate) fn install_sigquit() -> io::Result<()> {
     // SAFETY: a zeroed sigaction is a valid starting value; we fill the handler and flags.
     let mut sa: libc::sigaction = unsafe { std::mem::zeroed() };
     sa.sa_sigaction = on_sigquit as extern "C" fn(libc::c_int) as usize;
@@ -250,6 +280,7 @@ pub(crate) fn install_sigquit(write_fd: i32) -> io::Result<()> {
     if unsafe { libc::sigaction(libc::SIGQUIT, &sa, std::ptr::null_mut()) } != 0 {
         return Err(io::Error::last_os_error());
     }
+    SIGQUIT_INSTALLED.store(true, Ordering::Relaxed);
     Ok(())
 }
 

@@ -520,46 +520,69 @@ fn unwinding_wait(rt: &Shared, carrier: usize) -> Option<WaitReason> {
 
 // --- SIGQUIT: print every opted-in runtime's dump, as the JVM prints its thread dump. ---
 
-/// Runtimes that asked for a dump on SIGQUIT. Its lock also serialises installing the handler.
-static ON_SIGQUIT: Mutex<Vec<RuntimeRef>> = Mutex::new(Vec::new());
+/// Runtimes that asked for a dump on SIGQUIT, the read end of the handler's pipe once its
+/// thread runs, and in which process of the fork line (`platform::forks()`) all that is true.
+/// Its lock also serialises installing the handler.
+struct Sigquit {
+    rts: Vec<RuntimeRef>,
+    reader: Option<i32>,
+    forks: u64,
+}
+
+static ON_SIGQUIT: Mutex<Sigquit> = Mutex::new(Sigquit { rts: Vec::new(), reader: None, forks: 0 });
+
 /// Taken by a child's runtime that dumps on SIGQUIT, and by the parent's SIGQUIT thread at any
 /// time. A leaf: the SIGQUIT thread is started under it, and a thread's start takes no lock.
 fn hold_sigquit_list_across_fork() {
-    crate::platform::fork::hold_across_fork(|| {
-        Box::new(ON_SIGQUIT.lock().unwrap_or_else(|e| e.into_inner()))
-    });
+    crate::platform::fork::hold_across_fork(|| Box::new(sigquit()));
 }
 crate::platform::fork::at_load!(hold_sigquit_list_across_fork);
 
-/// Adds a runtime to those dumped on SIGQUIT, installing the handler and its thread once.
+fn sigquit() -> std::sync::MutexGuard<'static, Sigquit> {
+    ON_SIGQUIT.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Adds a runtime to those dumped on SIGQUIT, installing the handler and its thread once per
+/// process.
 pub(crate) fn dump_on_sigquit(rt: &RuntimeRef) -> std::io::Result<()> {
-    let mut list = ON_SIGQUIT.lock().unwrap_or_else(|e| e.into_inner());
-    if !sys::sigquit_installed() {
-        install_sigquit()?;
+    let mut q = sigquit();
+    let forks = crate::platform::forks();
+    if q.forks != forks {
+        // A child forked since: the runtimes and the reading thread were the parent's, and the
+        // pipe is shared with the parent, whose thread would print the parent's dump for the
+        // child's SIGQUIT. The handler is still installed; the child needs a pipe and thread of
+        // its own. Dropping the parent's runtimes' references would touch runtimes that have no
+        // threads here.
+        std::mem::forget(std::mem::take(&mut q.rts));
+        if let Some(fd) = q.reader.take() {
+            sys::close_read_end(fd);
+        }
+        q.forks = forks;
     }
-    list.push(rt.clone());
+    if q.reader.is_none() {
+        let read_fd = sys::sigquit_pipe()?;
+        crate::platform::fork::spawn(std::thread::Builder::new().name("vt-sigquit".into()), move || {
+            sigquit_thread(read_fd)
+        })?;
+        q.reader = Some(read_fd);
+    }
+    if !sys::sigquit_installed() {
+        sys::install_sigquit()?;
+    }
+    q.rts.push(rt.clone());
     Ok(())
 }
 
 /// The runtime is going away: stop dumping it.
 pub(crate) fn forget_sigquit(rt: &Shared) {
     if sys::sigquit_installed() {
-        ON_SIGQUIT.lock().unwrap_or_else(|e| e.into_inner()).retain(|r| !std::ptr::eq(r.ptr(), rt));
+        sigquit().rts.retain(|r| !std::ptr::eq(r.ptr(), rt));
     }
-}
-
-/// Called once, under `ON_SIGQUIT`'s lock.
-fn install_sigquit() -> std::io::Result<()> {
-    let (read_fd, write_fd) = sys::sigquit_pipe()?;
-    crate::platform::fork::spawn(std::thread::Builder::new().name("vt-sigquit".into()), move || {
-        sigquit_thread(read_fd)
-    })?;
-    sys::install_sigquit(write_fd)
 }
 
 fn sigquit_thread(fd: i32) {
     while sys::wait_forwarded(fd) {
-        let rts: Vec<RuntimeRef> = ON_SIGQUIT.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        let rts: Vec<RuntimeRef> = sigquit().rts.clone();
         for rt in rts {
             eprintln!("virtual-threads: SIGQUIT\n{}", collect(&rt));
         }

@@ -71,3 +71,53 @@ pub fn block_in_os(dur: Duration) {
         };
     }
 }
+
+/// Waits for the child `pid` up to `limit`; kills it and returns `None` if it is still running.
+pub fn wait_child(pid: libc::pid_t, limit: Duration) -> Option<i32> {
+    let t = Instant::now();
+    loop {
+        let mut status = 0;
+        // SAFETY: `pid` is our child; `status` is a valid out-pointer.
+        let r = unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) };
+        if r == pid {
+            assert!(libc::WIFEXITED(status), "the child died: status {status:#x}");
+            return Some(libc::WEXITSTATUS(status));
+        }
+        if t.elapsed() > limit {
+            print_stacks(pid);
+            // SAFETY: `pid` is our child.
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// Prints every thread's stack of the hung process `pid` where `gdb` is installed: a child that
+/// hangs after a fork waits on a lock held by a thread it does not have, and the stack names it.
+pub fn print_stacks(pid: libc::pid_t) {
+    let gdb = std::process::Command::new("gdb")
+        .args(["-p", &pid.to_string(), "-batch", "-ex", "thread apply all bt"])
+        .output();
+    if let Ok(out) = gdb {
+        eprintln!("the hung child's threads:\n{}", String::from_utf8_lossy(&out.stdout));
+    }
+}
+
+/// `SO_LINGER` 0 on a std socket, so that closing it sends a reset (std's `set_linger` is
+/// unstable).
+pub fn set_linger_zero(s: &std::net::TcpStream) {
+    use std::os::fd::AsRawFd;
+    let l = libc::linger { l_onoff: 1, l_linger: 0 };
+    // SAFETY: `l` is a valid `linger` for the length given; the descriptor is open.
+    let r = unsafe {
+        libc::setsockopt(
+            s.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_LINGER,
+            (&l as *const libc::linger).cast(),
+            std::mem::size_of::<libc::linger>() as libc::socklen_t,
+        )
+    };
+    assert_eq!(r, 0, "setsockopt(SO_LINGER)");
+}
