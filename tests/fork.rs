@@ -360,3 +360,59 @@ fn a_child_forked_after_the_sigquit_dump_was_installed_prints_its_own() {
     });
     println!("parent: ok");
 }
+
+/// A pre-fork server's shape: a connection the parent's fibers used (registered with the
+/// parent's runtime, whose epoll set the child shares and must not touch), read in the child
+/// by a fiber of a runtime of one carrier that may add none. The reader must park, so that the
+/// carrier runs the writer: it waited like a thread, in `poll(2)`, blocking that carrier.
+#[test]
+fn a_child_reads_a_socket_the_parent_used_without_blocking_its_carrier() {
+    const NAME: &str = "a_child_reads_a_socket_the_parent_used_without_blocking_its_carrier";
+    if std::env::var(CHILD).is_err() {
+        in_child_process(NAME, "inherited");
+        return;
+    }
+    static SOCKETS: std::sync::OnceLock<(Arc<TcpStream>, std::sync::Mutex<Option<std::net::TcpStream>>)> =
+        std::sync::OnceLock::new();
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let s = Arc::new(TcpStream::connect(listener.local_addr().unwrap()).unwrap());
+    let (mut peer, _) = listener.accept().unwrap();
+    let parents = vt::Runtime::builder().carriers(1).build().unwrap();
+    let reader = s.clone();
+    let read = parents.spawn(move || {
+        let mut b = [0u8; 1];
+        (&*reader).read_exact(&mut b).map(|()| b[0])
+    });
+    while !parents.dump().fibers().iter().any(|f| matches!(f.state, vt::FiberState::Parked { .. })) {
+        std::thread::yield_now();
+    }
+    peer.write_all(&[1]).unwrap();
+    assert_eq!(read.join().unwrap().unwrap(), 1);
+    assert!(SOCKETS.set((s, std::sync::Mutex::new(Some(peer)))).is_ok());
+    fork_children(1, || {
+        let (s, peer) = SOCKETS.get().unwrap();
+        let mut peer = peer.lock().unwrap().take().unwrap();
+        let rt = vt::Runtime::builder().carriers(1).max_carriers(1).build().unwrap();
+        let reader = s.clone();
+        let read = rt.spawn(move || {
+            let mut b = [0u8; 1];
+            (&*reader).read_exact(&mut b).map(|()| b[0])
+        });
+        // Runs only once the reader has parked (one carrier, none added).
+        let writer = rt.spawn(move || peer.write_all(&[2]));
+        writer.join().is_ok_and(|w| w.is_ok()) && read.join().ok().and_then(Result::ok) == Some(2)
+    });
+    // The parent's registration still serves the parent's fibers.
+    let (s, peer) = SOCKETS.get().unwrap();
+    let reader = s.clone();
+    let read = parents.spawn(move || {
+        let mut b = [0u8; 1];
+        (&*reader).read_exact(&mut b).map(|()| b[0])
+    });
+    while !parents.dump().fibers().iter().any(|f| matches!(f.state, vt::FiberState::Parked { .. })) {
+        std::thread::yield_now();
+    }
+    peer.lock().unwrap().as_mut().unwrap().write_all(&[3]).unwrap();
+    assert_eq!(read.join().unwrap().unwrap(), 3);
+    println!("parent: ok");
+}

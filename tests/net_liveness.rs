@@ -295,3 +295,40 @@ fn a_socket_handed_to_another_runtime_is_served_while_its_first_carrier_computes
         );
     });
 }
+
+/// A socket first waited on in a runtime that is then dropped, read next from a fiber of
+/// another runtime of one carrier that may add none: that fiber must park, so that the
+/// carrier runs the writer. (It waited like a thread, in `poll(2)`, blocking the only carrier
+/// that would have written.)
+#[test]
+fn a_socket_outliving_its_runtime_parks_its_next_reader_in_another() {
+    within(LIMIT, "a reader of a socket whose runtime was dropped", || {
+        let listener = std::net::TcpListener::bind(LOCALHOST).unwrap();
+        let s = Arc::new(TcpStream::connect(listener.local_addr().unwrap()).unwrap());
+        let (mut peer, _) = listener.accept().unwrap();
+        let first = vt::Runtime::builder().carriers(1).build().unwrap();
+        let reader = s.clone();
+        let read = first.spawn(move || {
+            let mut b = [0u8; 1];
+            (&*reader).read_exact(&mut b).map(|()| b[0])
+        });
+        // Once the reader is parked on the socket (registered with `first`), give it its byte.
+        while !first.dump().fibers().iter().any(|f| matches!(f.state, vt::FiberState::Parked { .. })) {
+            std::thread::yield_now();
+        }
+        peer.write_all(&[1]).unwrap();
+        assert_eq!(read.join().unwrap().unwrap(), 1);
+        drop(first);
+
+        let second = vt::Runtime::builder().carriers(1).max_carriers(1).build().unwrap();
+        let reader = s.clone();
+        let read = second.spawn(move || {
+            let mut b = [0u8; 1];
+            (&*reader).read_exact(&mut b).map(|()| b[0])
+        });
+        // Runs only once the reader has parked (one carrier, none added).
+        let writer = second.spawn(move || peer.write_all(&[2]));
+        assert!(writer.join().unwrap().is_ok());
+        assert_eq!(read.join().unwrap().unwrap(), 2);
+    });
+}

@@ -24,8 +24,8 @@
 use std::fmt;
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
-use std::sync::OnceLock;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
 
 use crate::loom::StdMutex as Mutex;
 use std::time::{Duration, Instant};
@@ -92,6 +92,11 @@ impl Timeout {
 pub(crate) struct IoSource<S: AsFd> {
     /// Set on the first wait inside a fiber; never replaced.
     reg: OnceLock<Registration>,
+    /// Once `reg` is orphaned (its runtime dropped, or this a child forked since), the
+    /// registration with the runtime of the fiber that waited next, so that its fibers park
+    /// rather than block their carrier in `poll(2)`; replaced when it is orphaned in turn. Cold:
+    /// read only when `reg` is orphaned.
+    adopted: Mutex<Option<Arc<Registration>>>,
     /// Serialises first registrations (two fibers may block on a new socket at once).
     reg_init: Mutex<()>,
     /// The user asked for std's non-blocking behaviour (`WouldBlock` instead of waiting).
@@ -108,6 +113,7 @@ impl<S: AsFd> IoSource<S> {
         IoSource {
             sock,
             reg: OnceLock::new(),
+            adopted: Mutex::new(None),
             reg_init: Mutex::new(()),
             user_nonblocking: AtomicBool::new(user_nonblocking),
             read_timeout: Timeout::default(),
@@ -128,9 +134,10 @@ impl<S: AsFd> IoSource<S> {
 
     /// Gives the socket back in the blocking mode the user expects, out of the reactor.
     pub(crate) fn into_inner(self) -> S {
-        let IoSource { reg, user_nonblocking, sock, .. } = self;
+        let IoSource { reg, adopted, user_nonblocking, sock, .. } = self;
         // Deregister while the descriptor is still open.
         drop(reg);
+        drop(adopted);
         // Best effort: `IntoRawFd` cannot report an error, and `fcntl` on a valid descriptor
         // does not fail.
         let _ = sys::set_nonblocking(sock.as_fd(), user_nonblocking.into_inner());
@@ -210,8 +217,18 @@ impl<S: AsFd> IoSource<S> {
             // register, take the new registration for an orphaned one and park for ever:
             // four acceptors on one listener, seen under valgrind.)
             let registered = self.reg.get();
-            // The registration may be orphaned (its runtime gone): then wait like a thread.
-            let reg = registered.filter(|r| waiter == Waiter::Fiber && !r.is_orphaned());
+            // The registration may be orphaned (its runtime gone): then the one adopted since
+            // by the waiting fiber's runtime, if any (held for this round).
+            let adopted;
+            let reg = match registered {
+                Some(r) if !r.is_orphaned() => Some(r),
+                Some(_) if waiter == Waiter::Fiber => {
+                    adopted = self.adopted();
+                    adopted.as_deref()
+                }
+                _ => None,
+            }
+            .filter(|_| waiter == Waiter::Fiber);
             let seen = reg.map(|r| r.readiness().snapshot(dir));
             if let Some(s) = seen {
                 if s.is_closed() {
@@ -254,9 +271,19 @@ impl<S: AsFd> IoSource<S> {
                     crate::fiber::park::park();
                     continue;
                 }
-                // Orphaned by another runtime's drop: wait like a thread (the supervisor
-                // compensates for the blocked carrier) rather than spin.
-                (Waiter::Fiber, None) if registered.is_some() => self.wait_thread(dir, deadline)?,
+                // Orphaned by another runtime's drop, or by a fork: register with this fiber's
+                // runtime (the first registration stays, and leaves its set when the socket
+                // drops, or leaks in a forked child, whose copy of that set is the parent's),
+                // then go round again. Waiting like a thread here blocked the carrier in
+                // `poll(2)`: in a pre-fork server's worker, every read of a connection the
+                // parent had used.
+                (Waiter::Fiber, None) if registered.is_some() => {
+                    if !self.adopt_registration()? {
+                        // This fiber's own runtime is being dropped: as above.
+                        crate::fiber::park::park();
+                    }
+                    continue;
+                }
                 (Waiter::Fiber, None) => {
                     // First wait: register (unless another fiber just did: `register` checks
                     // under its lock), then go round again to take a snapshot (the
@@ -303,6 +330,13 @@ impl<S: AsFd> IoSource<S> {
         if self.reg.get().is_some() {
             return Ok(());
         }
+        let reg = self.new_registration()?;
+        let _ = self.reg.set(reg);
+        Ok(())
+    }
+
+    /// A registration with the poll set of the calling fiber's carrier.
+    fn new_registration(&self) -> io::Result<Registration> {
         let c = crate::scheduler::carrier::here();
         debug_assert!(!c.is_null(), "registration outside a carrier");
         // SAFETY: the caller is a fiber (`Waiter::Fiber`), so this thread is a carrier and `c`
@@ -311,9 +345,34 @@ impl<S: AsFd> IoSource<S> {
         // The set of the carrier running the waiter: with one fiber per connection, the fiber's
         // home, so readiness wakes that carrier directly (`scheduler/reactor/`); a later waiter
         // on another carrier takes it along (`follow_caller`).
-        let reg = Registration::new(rt, set, self.sock.as_fd().as_raw_fd())?;
-        let _ = self.reg.set(reg);
-        Ok(())
+        Registration::new(rt, set, self.sock.as_fd().as_raw_fd())
+    }
+}
+
+impl<S: AsFd> IoSource<S> {
+    /// The adopted registration, unless it is orphaned too (cold: see `adopted`).
+    #[cold]
+    fn adopted(&self) -> Option<Arc<Registration>> {
+        self.adopted.lock().unwrap_or_else(|e| e.into_inner()).clone().filter(|r| !r.is_orphaned())
+    }
+
+    /// Registers the socket with the calling fiber's carrier's poll set in place of an orphaned
+    /// registration (`adopted`), unless another fiber of a live runtime just did. False when the
+    /// calling fiber's own runtime is being dropped (its registration would be orphaned at once).
+    #[cold]
+    #[inline(never)]
+    fn adopt_registration(&self) -> io::Result<bool> {
+        let mut adopted = self.adopted.lock().unwrap_or_else(|e| e.into_inner());
+        if adopted.as_ref().is_some_and(|r| !r.is_orphaned()) {
+            return Ok(true);
+        }
+        let reg = self.new_registration()?;
+        if reg.is_orphaned() {
+            return Ok(false);
+        }
+        // The one replaced (orphaned in turn) leaves its set when its last waiter lets go.
+        *adopted = Some(Arc::new(reg));
+        Ok(true)
     }
 }
 
