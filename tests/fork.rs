@@ -374,45 +374,40 @@ fn a_child_reads_a_socket_the_parent_used_without_blocking_its_carrier() {
     }
     static SOCKETS: std::sync::OnceLock<(Arc<TcpStream>, std::sync::Mutex<Option<std::net::TcpStream>>)> =
         std::sync::OnceLock::new();
+    // Spawns a fiber of `rt` reading one byte of `s`.
+    fn read_one(rt: &vt::Runtime, s: &Arc<TcpStream>) -> vt::JoinHandle<std::io::Result<u8>> {
+        let s = s.clone();
+        rt.spawn(move || {
+            let mut b = [0u8; 1];
+            (&*s).read_exact(&mut b).map(|()| b[0])
+        })
+    }
+    // A byte from the peer for a reader of the parent's runtime, once it is parked on the socket.
+    fn read_in_parent(rt: &vt::Runtime, s: &Arc<TcpStream>, peer: &mut std::net::TcpStream, byte: u8) {
+        let read = read_one(rt, s);
+        while !rt.dump().fibers().iter().any(|f| matches!(f.state, vt::FiberState::Parked { .. })) {
+            std::thread::yield_now();
+        }
+        peer.write_all(&[byte]).unwrap();
+        assert_eq!(read.join().unwrap().unwrap(), byte);
+    }
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let s = Arc::new(TcpStream::connect(listener.local_addr().unwrap()).unwrap());
     let (mut peer, _) = listener.accept().unwrap();
     let parents = vt::Runtime::builder().carriers(1).build().unwrap();
-    let reader = s.clone();
-    let read = parents.spawn(move || {
-        let mut b = [0u8; 1];
-        (&*reader).read_exact(&mut b).map(|()| b[0])
-    });
-    while !parents.dump().fibers().iter().any(|f| matches!(f.state, vt::FiberState::Parked { .. })) {
-        std::thread::yield_now();
-    }
-    peer.write_all(&[1]).unwrap();
-    assert_eq!(read.join().unwrap().unwrap(), 1);
+    read_in_parent(&parents, &s, &mut peer, 1);
     assert!(SOCKETS.set((s, std::sync::Mutex::new(Some(peer)))).is_ok());
     fork_children(1, || {
         let (s, peer) = SOCKETS.get().unwrap();
         let mut peer = peer.lock().unwrap().take().unwrap();
         let rt = vt::Runtime::builder().carriers(1).max_carriers(1).build().unwrap();
-        let reader = s.clone();
-        let read = rt.spawn(move || {
-            let mut b = [0u8; 1];
-            (&*reader).read_exact(&mut b).map(|()| b[0])
-        });
+        let read = read_one(&rt, s);
         // Runs only once the reader has parked (one carrier, none added).
         let writer = rt.spawn(move || peer.write_all(&[2]));
         writer.join().is_ok_and(|w| w.is_ok()) && read.join().ok().and_then(Result::ok) == Some(2)
     });
     // The parent's registration still serves the parent's fibers.
     let (s, peer) = SOCKETS.get().unwrap();
-    let reader = s.clone();
-    let read = parents.spawn(move || {
-        let mut b = [0u8; 1];
-        (&*reader).read_exact(&mut b).map(|()| b[0])
-    });
-    while !parents.dump().fibers().iter().any(|f| matches!(f.state, vt::FiberState::Parked { .. })) {
-        std::thread::yield_now();
-    }
-    peer.lock().unwrap().as_mut().unwrap().write_all(&[3]).unwrap();
-    assert_eq!(read.join().unwrap().unwrap(), 3);
+    read_in_parent(&parents, s, peer.lock().unwrap().as_mut().unwrap(), 3);
     println!("parent: ok");
 }
