@@ -88,7 +88,7 @@ impl Runtime {
             move || {
                 // The runtime may be built on a pinned carrier of another.
                 crate::platform::thread::unpin_current();
-                crate::scheduler::supervisor::run(sup);
+                crate::scheduler::supervisor::serve(sup);
             },
         )?;
         runtime.supervisor = Some(t);

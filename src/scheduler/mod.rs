@@ -66,6 +66,16 @@ pub(crate) mod test_hooks {
     /// registered for the runtime's drop to join (with the `threads` lock held).
     pub(crate) static CARRIER_SPAWNED: Mutex<Option<Hook>> = Mutex::new(None);
 
+    /// Run by the supervisor at the start of every tick.
+    pub(crate) static SUPERVISOR_TICK: Mutex<Option<Hook>> = Mutex::new(None);
+
+    pub(super) fn supervisor_tick(rt: &Shared) {
+        let hook = SUPERVISOR_TICK.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        if let Some(hook) = hook {
+            hook(rt, 0);
+        }
+    }
+
     pub(super) fn carrier_spawned(rt: &Shared, index: usize) {
         let hook = CARRIER_SPAWNED.lock().unwrap_or_else(|e| e.into_inner()).clone();
         if let Some(hook) = hook {

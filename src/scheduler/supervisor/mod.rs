@@ -88,8 +88,40 @@ struct Watch {
     for_injector: bool,
 }
 
-/// The supervisor thread's body.
-pub(crate) fn run(rt: RuntimeRef) {
+/// Panics of the supervisor's loop it is restarted after, before it gives up.
+const RESTARTS: u32 = 3;
+
+/// The supervisor thread's body: `run`, restarted after a panic (a bug of ours), which is said
+/// on stderr. A supervisor that vanished silently left the runtime without compensation, the
+/// deadlock report or the blocked-carrier warning, and a fiber waiting behind a carrier stuck in
+/// the OS waited for ever with nothing said. Its state is rebuilt from the runtime's counters at
+/// the restart (the first tick samples afresh).
+pub(crate) fn serve(rt: RuntimeRef) {
+    for restart in 1..=RESTARTS + 1 {
+        let r = rt.clone();
+        let Err(payload) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run(r))) else {
+            return;
+        };
+        let what = payload
+            .downcast_ref::<&str>()
+            .copied()
+            .or_else(|| payload.downcast_ref::<String>().map(String::as_str))
+            .unwrap_or("a panic without a message");
+        let next = if restart <= RESTARTS {
+            "restarting it"
+        } else {
+            "giving up: from now on no carrier is compensated when blocked, and no deadlock or blocked carrier is reported"
+        };
+        eprintln!(
+            "virtual-threads: the supervisor of runtime {:?} panicked ({what}): a bug in virtual-threads, please report it; {next} ({restart} of {})",
+            rt.config.thread_name,
+            RESTARTS + 1
+        );
+    }
+}
+
+/// The supervisor thread's body, until the runtime shuts down.
+fn run(rt: RuntimeRef) {
     rt.supervisor_thread.get_or_init(std::thread::current);
     let every = rt.config.supervisor_interval;
     let mut watch: Vec<Watch> = Vec::new();
@@ -107,6 +139,8 @@ pub(crate) fn run(rt: RuntimeRef) {
     let mut affinity = super::affinity::Policy::new(&rt);
     let mut slow_stops = SlowStops { next: Instant::now(), pending: false };
     while !rt.shutdown.load(Ordering::Acquire) {
+        #[cfg(test)]
+        super::test_hooks::supervisor_tick(&rt);
         rt.tick_clock();
         let started = rt.started();
         watch.resize_with(started, Watch::default);
@@ -585,5 +619,46 @@ mod tests {
         let unknown = Watch { stalled: 10, ..Watch::default() };
         assert_eq!(cpu_since_stall(&unknown, Some(5), every), None);
         assert_eq!(cpu_since_stall(&w, None, every), None);
+    }
+
+    /// A panic in the supervisor's loop (a bug of ours) restarts it: it goes on ticking. Before,
+    /// the thread ended, silently, and the runtime went on without compensation or reports.
+    #[test]
+    fn a_panicking_supervisor_is_restarted() {
+        use std::sync::Arc;
+        use std::sync::atomic::{AtomicBool, AtomicUsize};
+
+        use crate::scheduler::test_hooks::SUPERVISOR_TICK;
+
+        let rt = crate::runtime::Runtime::builder()
+            .carriers(1)
+            .supervisor_interval(Duration::from_millis(2))
+            .build()
+            .unwrap();
+        let me = rt.handle().runtime().ptr() as usize;
+        let ticks = Arc::new(AtomicUsize::new(0));
+        let counted = ticks.clone();
+        *SUPERVISOR_TICK.lock().unwrap() = Some(Arc::new(move |rt, _| {
+            if std::ptr::from_ref(rt) as usize == me && counted.fetch_add(1, Ordering::Relaxed) == 0 {
+                panic!("a supervisor bug, provoked by a test");
+            }
+        }));
+        // A carrier that keeps switching: the supervisor does not sleep as idle meanwhile.
+        let stop = Arc::new(AtomicBool::new(false));
+        let s = stop.clone();
+        let busy = rt.spawn(move || {
+            while !s.load(Ordering::Relaxed) {
+                crate::yield_now();
+            }
+        });
+        let limit = Instant::now() + Duration::from_secs(30);
+        while ticks.load(Ordering::Relaxed) < 5 && Instant::now() < limit {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        *SUPERVISOR_TICK.lock().unwrap() = None;
+        stop.store(true, Ordering::Relaxed);
+        assert!(busy.join().is_ok());
+        let n = ticks.load(Ordering::Relaxed);
+        assert!(n >= 5, "the supervisor ticked {n} time(s): it did not come back after its panic");
     }
 }
