@@ -148,6 +148,32 @@ fn begin_transition() {
     t.now += 1;
 }
 
+thread_local! {
+    /// Transitions this thread began and will end itself (`outside_fork`, its own end), open now.
+    static OWN: Cell<u32> = const { Cell::new(0) };
+}
+
+/// Begins a transition this thread will end itself. One nested in another of this thread's
+/// (a setup inside a setup, a thread-local destructor of an ending thread that sets something up)
+/// does not wait for a fork: the fork already waits for the outer one, which would never end.
+fn begin_own_transition() {
+    let nested = OWN.with(|o| {
+        let n = o.get();
+        o.set(n + 1);
+        n > 0
+    });
+    let mut t = transitions();
+    while t.forking && !nested {
+        t = TRANSITIONS_CHANGED.wait(t).unwrap_or_else(|e| e.into_inner());
+    }
+    t.now += 1;
+}
+
+fn end_own_transition() {
+    OWN.with(|o| o.set(o.get() - 1));
+    end_transition();
+}
+
 fn end_transition() {
     let mut t = transitions();
     t.now -= 1;
@@ -165,10 +191,10 @@ pub(crate) fn outside_fork<R>(f: impl FnOnce() -> R) -> R {
     struct End;
     impl Drop for End {
         fn drop(&mut self) {
-            end_transition();
+            end_own_transition();
         }
     }
-    begin_transition();
+    begin_own_transition();
     let _end = End;
     f()
 }
@@ -189,7 +215,7 @@ struct Ending(Cell<bool>);
 impl Drop for Ending {
     fn drop(&mut self) {
         if self.0.get() {
-            end_transition();
+            end_own_transition();
         }
     }
 }
@@ -203,11 +229,11 @@ struct BodyDone;
 
 impl Drop for BodyDone {
     fn drop(&mut self) {
-        begin_transition();
+        begin_own_transition();
         // Registered at the body's start (`spawn`), so the destructor is armed.
         let armed = ENDING.try_with(|e| e.0.set(true));
         if armed.is_err() {
-            end_transition();
+            end_own_transition();
         }
     }
 }
@@ -233,4 +259,37 @@ where
         end_transition();
     }
     spawned
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::mpsc;
+    use std::time::Duration;
+
+    use super::*;
+
+    /// A setup nested in another of the same thread's, while a fork waits for the outer one:
+    /// the inner one must not wait for the fork (which waits for the outer), or both wait for
+    /// ever. (The same holds for a setup in a destructor of an ending thread of ours.)
+    #[test]
+    fn a_setup_nested_in_another_does_not_wait_for_a_pending_fork() {
+        let (done_tx, done_rx) = mpsc::channel();
+        let setup = std::thread::spawn(move || {
+            outside_fork(|| {
+                let forker = std::thread::spawn(|| drop(no_thread_in_transition()));
+                // The "fork" now waits for this setup to end.
+                while !transitions().forking {
+                    std::thread::yield_now();
+                }
+                outside_fork(|| ());
+                forker
+            })
+            .join()
+            .unwrap();
+            done_tx.send(()).unwrap();
+        });
+        let done = done_rx.recv_timeout(Duration::from_secs(20));
+        assert!(done.is_ok(), "the nested setup waited for the fork, which waited for it");
+        setup.join().unwrap();
+    }
 }
