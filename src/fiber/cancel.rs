@@ -259,7 +259,7 @@ impl<T> JoinHandle<T> {
 
     /// A handle that cancels this fiber without owning its join; `Clone + Send + Sync`.
     pub fn cancel_handle(&self) -> CancelHandle {
-        CancelHandle::new(self.fiber.clone())
+        CancelHandle::new(Fiber::clone(&self.fiber))
     }
 }
 

@@ -128,6 +128,9 @@ impl std::ops::Deref for FiberRef {
 }
 
 impl Drop for FiberRef {
+    // Inlined: a join handle's drop (in the caller's crate) releases its reference with the
+    // atomic alone, the recycling a call only when it was the last.
+    #[inline]
     fn drop(&mut self) {
         // Release/Acquire as in `Arc::drop`: every use happens before the record is reused.
         if self.refs.fetch_sub(1, Ordering::Release) == 1 {

@@ -80,9 +80,8 @@ impl Fiber {
     fn view(&self) -> View<'_> {
         let p = self.tagged.as_ptr();
         if p.addr() & THREAD_TAG == 0 {
-            // SAFETY: untagged, `tagged` is the pointer of a `FiberRef` this handle owns, and
-            // `FiberRef` is a transparent wrapper of that pointer: the field can be read as one.
-            View::Fiber(unsafe { &*(&self.tagged as *const NonNull<()>).cast::<FiberRef>() })
+            // SAFETY: untagged: a fiber's handle.
+            View::Fiber(unsafe { self.record_unchecked() })
         } else {
             // SAFETY: tagged, it is `Arc::into_raw` of a `PlainThread` this handle owns.
             View::Thread(unsafe { &*p.map_addr(|a| a & !THREAD_TAG).cast::<PlainThread>() })
@@ -140,6 +139,30 @@ impl Fiber {
             View::Fiber(r) => Some(r),
             View::Thread(_) => None,
         }
+    }
+
+    /// The record of a handle known to be a fiber's (a join handle's), without the tag's test.
+    ///
+    /// # Safety
+    /// The handle was made by `from_record`, or is a clone of one.
+    #[inline(always)]
+    pub(crate) unsafe fn record_unchecked(&self) -> &FiberRef {
+        debug_assert_eq!(self.tagged.as_ptr().addr() & THREAD_TAG, 0);
+        // SAFETY: untagged (the caller's contract), `tagged` is the pointer of a `FiberRef`
+        // this handle owns, and `FiberRef` is a transparent wrapper of that pointer.
+        unsafe { &*(&self.tagged as *const NonNull<()>).cast::<FiberRef>() }
+    }
+
+    /// The counted reference of a handle known to be a fiber's, given up to the caller, who
+    /// then drops it without the tag's test and the call of this type's `drop`.
+    ///
+    /// # Safety
+    /// As for `record_unchecked`.
+    #[inline(always)]
+    pub(crate) unsafe fn into_record_unchecked(self) -> FiberRef {
+        debug_assert_eq!(self.tagged.as_ptr().addr() & THREAD_TAG, 0);
+        let p = std::mem::ManuallyDrop::new(self).tagged.cast::<FiberRecord>();
+        FiberRef(p)
     }
 }
 

@@ -17,6 +17,7 @@
 
 use std::fmt;
 use std::marker::PhantomData;
+use std::mem::ManuallyDrop;
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::thread;
 
@@ -173,7 +174,10 @@ fn scope_done(rec: &FiberRecord, unhandled_panic: bool) {
 /// An owned permission to join a fiber (wait for it to finish and take its result), like
 /// `std::thread::JoinHandle`. Dropping it detaches the fiber, which keeps running.
 pub struct JoinHandle<T> {
-    pub(crate) fiber: Fiber,
+    /// Always a fiber's handle (`new`), dropped by hand: the join and the handle's drop give
+    /// its record reference up directly, not through `Fiber`'s drop, a call that tests the
+    /// tag again (`arch/performance.md`).
+    pub(crate) fiber: ManuallyDrop<Fiber>,
     pub(crate) _result: PhantomData<fn() -> T>,
 }
 
@@ -187,11 +191,13 @@ impl<T> JoinHandle<T> {
     /// The handle of a fiber just spawned, from the reference `FiberRecord::init` made for it.
     #[inline(always)]
     pub(crate) fn new(rec: super::FiberRef) -> JoinHandle<T> {
-        JoinHandle { fiber: Fiber::from_record(rec), _result: PhantomData }
+        JoinHandle { fiber: ManuallyDrop::new(Fiber::from_record(rec)), _result: PhantomData }
     }
 
+    #[inline(always)]
     fn rec(&self) -> &FiberRecord {
-        self.fiber.record().expect("a join handle refers to a fiber")
+        // SAFETY: a join handle's is a fiber's handle (`new`).
+        unsafe { self.fiber.record_unchecked() }
     }
 
     /// Waits for the fiber to finish. `Err` holds the payload of the fiber's panic (or, if its
@@ -213,10 +219,10 @@ impl<T> JoinHandle<T> {
         // With the result taken, the handle's drop would only read `TAKEN` and return: skip
         // it (a call and the join word's load per join), and release the fiber reference
         // alone. Not earlier: a join unwound while it waits needs that drop to detach.
-        let this = std::mem::ManuallyDrop::new(self);
-        // SAFETY: `this` is neither used nor dropped again, so its fiber reference moves out
-        // once.
-        drop(unsafe { std::ptr::read(&this.fiber) });
+        let mut this = ManuallyDrop::new(self);
+        // SAFETY: `this` is neither used nor dropped again, so its fiber handle moves out
+        // once; a join handle's is a fiber's.
+        drop(unsafe { ManuallyDrop::take(&mut this.fiber).into_record_unchecked() });
         r
     }
 
@@ -233,11 +239,14 @@ impl<T> JoinHandle<T> {
 
 impl<T> Drop for JoinHandle<T> {
     fn drop(&mut self) {
-        let rec = self.rec();
+        // Taken out first, so that the reference is released even when the result's
+        // destructor panics below.
+        // SAFETY: taken once, here; a join handle's is a fiber's.
+        let rec = unsafe { ManuallyDrop::take(&mut self.fiber).into_record_unchecked() };
         if detach(&rec.join) {
             // SAFETY: DONE: the result is in the stage and nobody else will take it.
-            let panicked = unsafe { (rec.vtable.get().drop_result)(rec) };
-            scope_done(rec, panicked);
+            let panicked = unsafe { (rec.vtable.get().drop_result)(&rec) };
+            scope_done(&rec, panicked);
         }
     }
 }
@@ -245,7 +254,7 @@ impl<T> Drop for JoinHandle<T> {
 impl<T> fmt::Debug for JoinHandle<T> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("JoinHandle")
-            .field("fiber", &self.fiber)
+            .field("fiber", &*self.fiber)
             .field("finished", &self.is_finished())
             .finish()
     }
