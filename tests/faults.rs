@@ -992,6 +992,15 @@ fn dropping_a_runtime_closes_its_descriptors_and_joins_its_threads() {
             // blocked in the OS, found by the supervisor: `vt::blocking` blocks no carrier.)
             rt.spawn(|| std::thread::sleep(Duration::from_millis(100))).join().unwrap();
             assert!(rt.metrics().carriers_peak > 2, "a spare carrier ran");
+            // More fibers than a carrier caches records for, spawned and joined on a carrier:
+            // its cache fills and gives records back to the runtime's pool, and the records
+            // it keeps hold runtime references until the carrier exits. A reference left
+            // behind on either path would keep the runtime's state, and its descriptors, alive.
+            let sum = rt.block_on(|| {
+                let hs: Vec<_> = (0..1_000u64).map(|i| vt::spawn(move || i)).collect();
+                hs.into_iter().map(|h| h.join().unwrap()).sum::<u64>()
+            });
+            assert_eq!(sum, 999 * 1_000 / 2);
             ready_rx.recv().unwrap();
             ready_rx.recv().unwrap();
             drop(rt);

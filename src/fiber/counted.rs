@@ -6,7 +6,6 @@ use std::ptr::NonNull;
 use std::sync::atomic::{Ordering, fence};
 
 use super::FiberRecord;
-use super::schedule::RuntimeRef;
 
 /// A counted reference to a [`FiberRecord`] (the runtime's own `Arc`, so that the last drop
 /// recycles the record instead of freeing it).
@@ -93,11 +92,11 @@ impl FiberRef {
 
     /// Drops `this` (the carrier's reference to a fiber that just finished) together with the
     /// fiber's reference to itself: one atomic operation for both. When those were the last
-    /// (nobody holds a handle: a detached fiber), returns the record, cleared, and its runtime
-    /// reference, for the carrier to keep both (`Carrier::finished_record`): the carrier is at
-    /// hand, where `recycle` would look it up again through the thread-local.
+    /// (nobody holds a handle: a detached fiber), returns the record, cleared (its runtime
+    /// reference still in it), for the carrier to keep (`Carrier::finished_record`): the
+    /// carrier is at hand, where `recycle` would look it up again through the thread-local.
     #[inline]
-    pub(crate) fn release_finished(this: FiberRef) -> Option<(NonNull<FiberRecord>, RuntimeRef)> {
+    pub(crate) fn release_finished(this: FiberRef) -> Option<NonNull<FiberRecord>> {
         let ptr = this.0;
         std::mem::forget(this);
         // SAFETY: the record is live (we hold two of its references, given up here).
@@ -105,7 +104,8 @@ impl FiberRef {
         // Release/Acquire as in `Drop`.
         if r.refs.fetch_sub(2, Ordering::Release) == 2 {
             fence(Ordering::Acquire);
-            return Some((ptr, r.clear()));
+            r.clear();
+            return Some(ptr);
         }
         None
     }

@@ -173,7 +173,9 @@ pub(crate) struct FiberRecord {
     pub(crate) waiter: UnsafeCell<Option<handle::Fiber>>,
     /// The scope this fiber belongs to, told once its result is taken or dropped.
     pub(crate) scope: UnsafeCell<Option<Arc<scope_data::ScopeData>>>,
-    /// The runtime this fiber belongs to; holds one counted reference while the record is live.
+    /// The runtime this fiber belongs to; holds one counted reference while the record is live,
+    /// and while it waits unused in a carrier's cache (`Caches::records`), so that a spawn
+    /// from the cache and a finish into it touch no reference count; `None` in a runtime's pool.
     runtime: UnsafeCell<Option<RuntimeRef>>,
     name: UnsafeCell<Option<Box<str>>>,
     id: Cell<FiberId>,
@@ -246,7 +248,9 @@ pub(crate) struct Init {
     pub(crate) id: FiberId,
     pub(crate) name: Option<Box<str>>,
     pub(crate) spawned_at: &'static Location<'static>,
-    pub(crate) runtime: RuntimeRef,
+    /// The fiber's runtime reference, or `None` when the record holds it already (it comes
+    /// from a carrier's cache, whose records keep theirs).
+    pub(crate) runtime: Option<RuntimeRef>,
     pub(crate) class: &'static SizeClass,
     pub(crate) vtable: &'static StageVTable,
     pub(crate) scope: Option<Arc<scope_data::ScopeData>>,
@@ -320,15 +324,17 @@ impl FiberRecord {
         let r = unsafe { ptr.as_ref() };
         debug_assert_eq!(r.refs.load(Ordering::Relaxed), 0);
         r.id.set(init.id);
-        // SAFETY: as above, exclusive. The three are `None` in an unused record (`blank`, and
-        // `recycle` takes them all), so writing over them drops nothing: no check for an old
-        // value on the spawn path.
+        // SAFETY: as above, exclusive. `name` and `scope` are `None` in an unused record
+        // (`blank`, and `recycle` takes them), and so is `runtime` unless the record holds its
+        // reference already (`Init::runtime`), so writing over them drops nothing: no check
+        // for an old value on the spawn path.
         unsafe {
-            debug_assert!(
-                (*r.name.get()).is_none() && (*r.runtime.get()).is_none() && (*r.scope.get()).is_none()
-            );
+            debug_assert!((*r.name.get()).is_none() && (*r.scope.get()).is_none());
+            debug_assert_eq!((*r.runtime.get()).is_none(), init.runtime.is_some());
             r.name.get().write(init.name);
-            r.runtime.get().write(Some(init.runtime));
+            if let Some(rt) = init.runtime {
+                r.runtime.get().write(Some(rt));
+            }
             r.scope.get().write(init.scope);
         }
         r.spawned_at.set(init.spawned_at);
@@ -385,6 +391,31 @@ impl FiberRecord {
 
     pub(crate) fn class(&self) -> &'static SizeClass {
         self.class.get()
+    }
+
+    /// Gives an unused record its runtime's reference, to keep while it waits in a carrier's
+    /// cache.
+    ///
+    /// # Safety
+    /// The record is unused (count zero) and the caller's alone, and holds no reference now.
+    #[inline(always)]
+    pub(crate) unsafe fn set_runtime(&self, rt: RuntimeRef) {
+        // SAFETY: exclusive (the caller's contract); `None`, so nothing is dropped unseen.
+        unsafe {
+            debug_assert!((*self.runtime.get()).is_none());
+            self.runtime.get().write(Some(rt));
+        }
+    }
+
+    /// Takes an unused record's runtime reference, as it leaves a carrier's cache for a
+    /// runtime's pool (whose records hold none: they would keep the runtime alive).
+    ///
+    /// # Safety
+    /// The record is unused (count zero) and the caller's alone.
+    #[inline(always)]
+    pub(crate) unsafe fn take_runtime(&self) -> RuntimeRef {
+        // SAFETY: exclusive (the caller's contract).
+        unsafe { (*self.runtime.get()).take() }.expect("an unused record out of a cache holds its runtime")
     }
 
     /// Gives the fiber its coroutine at its first run; or, when `co` is an error (no stack),
@@ -554,15 +585,16 @@ impl FiberRecord {
     /// to its runtime's pool.
     #[inline(never)]
     fn recycle(&self, ptr: NonNull<FiberRecord>) {
-        let rt = self.clear();
-        // The pool belongs to the runtime, which our reference keeps alive until the end.
-        RuntimeRef::recycle(rt, ptr);
+        self.clear();
+        // The pool belongs to the runtime, which the record's reference keeps alive until the
+        // end.
+        RuntimeRef::recycle(ptr);
     }
 
-    /// `recycle`'s first half: clears what described this fiber and returns the record's
-    /// runtime reference, which the caller gives back with the record.
+    /// `recycle`'s first half: clears what described this fiber. Its runtime reference stays:
+    /// whoever takes the record back decides what becomes of it.
     #[inline(always)]
-    fn clear(&self) -> RuntimeRef {
+    fn clear(&self) {
         // SAFETY: no references remain: we have exclusive access.
         unsafe {
             if let Some(co) = (*self.co.get()).take() {
@@ -578,7 +610,5 @@ impl FiberRecord {
             *self.scope.get() = None;
         }
         self.vtable.set(&NO_VTABLE);
-        // SAFETY: exclusive, as above.
-        unsafe { (*self.runtime.get()).take() }.expect("a live fiber belongs to a runtime")
     }
 }

@@ -65,8 +65,10 @@ pub(crate) trait Schedule {
     /// Makes `f` runnable, from anywhere (`wake` says where it queues).
     fn schedule(f: FiberRef, wake: Wake);
 
-    /// A record's last reference is gone: put it back in a pool of `rt`, and drop `rt`.
-    fn recycle(rt: RuntimeRef, rec: NonNull<FiberRecord>);
+    /// A record's last reference is gone (it is cleared, and holds its runtime's reference
+    /// still): put it back in a pool of its runtime, and decide what becomes of that reference
+    /// (a carrier's cache keeps it in the record, see `Caches::records`).
+    fn recycle(rec: NonNull<FiberRecord>);
 
     /// Arms a timer that unparks `rec` at `deadline`, on the carrier running it, and returns
     /// its generation (for [`disarm`](Schedule::disarm)). Called by the fiber itself, just

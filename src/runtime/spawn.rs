@@ -154,9 +154,10 @@ impl Builder {
             Some(c) => c.next_id(),
             None => context::with_plain(|p| next_id(&mut p.ids)),
         };
+        // A carrier's cached record holds its runtime reference already.
         let (slot, runtime) = match local {
-            Some(c) => (c.alloc_record(), c.take_ref()),
-            None => (rt.alloc_record(), rt.clone()),
+            Some(c) => (c.alloc_record(), None),
+            None => (rt.alloc_record(), Some(rt.clone())),
         };
         // The spawner's depth: the fiber running on this thread, whichever runtime it is of.
         let depth = match any_carrier.map(|c| c.current()).filter(|me| !me.is_null()) {
@@ -317,8 +318,8 @@ where
     let rt = c.shared();
     let class = rt.stacks();
     let id = c.next_id();
+    // With its runtime reference (`Init::runtime`).
     let slot = c.alloc_record();
-    let runtime = c.take_ref();
     let me = c.current();
     // SAFETY: the fiber running on this carrier: live while it runs, and this is it.
     let depth = if me.is_null() { 0 } else { unsafe { (*me).depth.get() }.saturating_add(1) };
@@ -327,7 +328,7 @@ where
         id,
         name: None,
         spawned_at: at,
-        runtime,
+        runtime: None,
         class,
         vtable: vtable_of(&f),
         scope: None,

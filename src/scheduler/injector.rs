@@ -220,7 +220,7 @@ mod tests {
                     id: FiberId::PLACEHOLDER,
                     name: None,
                     spawned_at: Location::caller(),
-                    runtime: rt.clone(),
+                    runtime: Some(rt.clone()),
                     class: rt.stacks,
                     vtable: &NO_STAGE,
                     scope: None,

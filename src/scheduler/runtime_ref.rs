@@ -15,8 +15,9 @@ use crate::fiber::{FiberRecord, FiberRef};
 /// carrier) are counted in `Shared::refs`.
 ///
 /// Counting every spawn on one atomic would put a cache line shared by all carriers on the
-/// spawn path, so carriers take references in batches (`STOCK_BATCH` per atomic add) and keep a
-/// local stock that spawns draw from and finished fibers give back to.
+/// spawn path: a carrier's cached records keep their references between fibers, counted a
+/// batch at a time as records come from and go to the runtime's pool (`Caches::records`), and
+/// references dropped on a carrier go to its local stock, given back in batches (`MAX_STOCK`).
 pub(crate) const STOCK_BATCH: usize = 64;
 
 impl RuntimeRef {
@@ -111,25 +112,27 @@ impl Drop for RuntimeRef {
     }
 }
 
-/// A record's last reference is gone: put it in a pool of its runtime, and drop the record's
-/// runtime reference. On one of the runtime's carriers both go to the carrier's own stocks,
-/// from one thread-local look (the reference's `Drop` would make a second). Inlined into
-/// `FiberRecord::recycle`, its one caller, which is already a call of its own: a second frame
-/// cost a tail jump and three registers saved again per fiber (`arch/performance.md`).
+/// A record's last reference is gone: put it in a pool of its runtime. On one of the
+/// runtime's carriers it goes to the carrier's own cache with its runtime reference still in
+/// it (`Caches::records`); elsewhere to the runtime's pool, and the reference is dropped. Inlined
+/// into `FiberRecord::recycle`, its one caller, which is already a call of its own: a second
+/// frame cost a tail jump and three registers saved again per fiber (`arch/performance.md`).
 #[inline(always)]
-pub(crate) fn recycle_record(rt: RuntimeRef, ptr: NonNull<FiberRecord>) {
+pub(crate) fn recycle_record(ptr: NonNull<FiberRecord>) {
+    // SAFETY: the record's last reference is gone: it is unused, and ours.
+    let rec = unsafe { ptr.as_ref() };
     let c = carrier::here();
     if !c.is_null() {
         // SAFETY: a non-null carrier pointer is this thread's live carrier.
         let c = unsafe { &*c };
-        if std::ptr::eq(c.shared(), rt.ptr()) {
+        if std::ptr::eq(c.shared(), rec.runtime().ptr()) {
             c.give_record(ptr);
-            // Into the carrier's stock as a unit (see `Carrier::take_ref`).
-            c.stock_ref();
-            std::mem::forget(rt);
             return;
         }
     }
+    // SAFETY: unused and ours, as above.
+    let rt = unsafe { rec.take_runtime() };
+    // The pool belongs to the runtime, which `rt` keeps alive until after this.
     rt.give_records(std::iter::once(ptr));
 }
 
@@ -160,8 +163,8 @@ impl Schedule for RuntimeRef {
     }
 
     #[inline(always)]
-    fn recycle(rt: RuntimeRef, rec: NonNull<FiberRecord>) {
-        recycle_record(rt, rec);
+    fn recycle(rec: NonNull<FiberRecord>) {
+        recycle_record(rec);
     }
 
     #[inline(always)]

@@ -27,6 +27,12 @@ pub(super) struct Caches {
     pub(super) stacks: Vec<FiberStack>,
     /// Coroutines of the runtime's default stack class, each suspended between two fibers.
     pub(super) coroutines: Vec<Co>,
+    /// Unused records, each holding a reference to this carrier's runtime (`FiberRecord`'s
+    /// `runtime`): a spawn takes one with its fiber's runtime reference, and a fiber that ends
+    /// here leaves its reference in the record, so neither counts references (before, a
+    /// spawn took one from `stock` and the record's recycling put it back, ~15 instructions per
+    /// fiber: `arch/performance.md`). Records going to or coming from the runtime's pool, which
+    /// hold none, give up or get theirs in a batch, one atomic operation each way.
     pub(super) records: Vec<NonNull<FiberRecord>>,
     /// A spill's fibers on their way to the injector: one buffer, reused, so a spill never
     /// allocates. Empty between spills.
@@ -152,7 +158,9 @@ impl Carrier {
         }
     }
 
-    /// An unused fiber record: from the local cache, else a batch from the shared pool, else new.
+    /// An unused fiber record, holding a reference to this carrier's runtime for the fiber
+    /// (`Init::runtime` is then `None`): from the local cache, else a batch from the shared
+    /// pool, else new.
     #[inline]
     pub(crate) fn alloc_record(&self) -> NonNull<FiberRecord> {
         let mut cache = self.record_cache();
@@ -167,25 +175,33 @@ impl Carrier {
             }
             return r;
         }
+        drop(cache);
+        self.refill_records()
+    }
+
+    /// `alloc_record` with an empty cache: a batch from the shared pool (or a new slab), each
+    /// record given a runtime reference, counted with one atomic addition for the batch.
+    #[cold]
+    #[inline(never)]
+    fn refill_records(&self) -> NonNull<FiberRecord> {
+        let mut cache = self.record_cache();
         self.rt.take_records(&mut cache, RECORD_CACHE / 2);
-        cache.pop().unwrap_or_else(|| {
-            self.rt.roots.alloc(self.rt.roots.carrier_shard(self.index), self.rt.stacks, &mut cache)
-        })
+        if cache.is_empty() {
+            let first =
+                self.rt.roots.alloc(self.rt.roots.carrier_shard(self.index), self.rt.stacks, &mut cache);
+            cache.push(first);
+        }
+        self.rt.acquire_stock(cache.len());
+        for r in cache.iter() {
+            // SAFETY: from the pool or new: unused, ours, and holding no reference; one unit
+            // of the stock just acquired is its.
+            unsafe { r.as_ref().set_runtime(self.rt.take_from_stock()) };
+        }
+        cache.pop().expect("refilled")
     }
 
-    /// A record whose fiber finished here and whose last reference went with it, cleared, and
-    /// its runtime reference (ours: a carrier runs its own runtime's fibers only): both go to
-    /// this carrier's stocks, as `runtime_ref::recycle_record` does without knowing the carrier.
-    #[inline]
-    pub(super) fn finished_record(&self, r: NonNull<FiberRecord>, rt: RuntimeRef) {
-        debug_assert!(std::ptr::eq(rt.ptr(), self.rt.ptr()));
-        self.give_record(r);
-        self.stock_ref();
-        std::mem::forget(rt);
-    }
-
-    /// Takes an unused record into the local cache (half the cache goes to the shared pool
-    /// when it is full).
+    /// Takes an unused record of this carrier's runtime, holding its runtime reference, into
+    /// the local cache (half the cache goes to the shared pool when it is full).
     #[inline]
     pub(crate) fn give_record(&self, r: NonNull<FiberRecord>) {
         let mut cache = self.record_cache();
@@ -203,7 +219,20 @@ impl Carrier {
     #[inline(never)]
     pub(super) fn give_records_back(&self) {
         let mut cache = self.record_cache();
-        self.rt.give_records(cache.drain(..RECORD_CACHE / 2));
+        self.give_records_to_pool(&mut cache, RECORD_CACHE / 2);
+    }
+
+    /// The first `n` records of the local cache go to the shared pool, whose records hold no
+    /// runtime reference: theirs are given back with one atomic subtraction for the batch. (A
+    /// loop of its own: taken inside the pool's `extend`, the copy became a push per record.)
+    fn give_records_to_pool(&self, cache: &mut Vec<NonNull<FiberRecord>>, n: usize) {
+        for r in &cache[..n] {
+            // SAFETY: in the local cache: unused, ours, holding a reference to our runtime.
+            std::mem::forget(unsafe { r.as_ref().take_runtime() });
+        }
+        self.rt.give_records(cache.drain(..n));
+        // The carrier's own reference keeps the count above zero.
+        self.rt.release_stock(n);
     }
 
     /// Makes sure a stack of `class` can be had for a fiber about to be spawned here.
@@ -290,7 +319,8 @@ impl Carrier {
         cache.extend(coroutines.drain(..).map(retire_coroutine));
         self.rt.stacks.give_batch(cache.drain(..));
         let mut records = self.record_cache();
-        self.rt.give_records(records.drain(..));
+        let n = records.len();
+        self.give_records_to_pool(&mut records, n);
     }
 }
 

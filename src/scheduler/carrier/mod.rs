@@ -248,22 +248,10 @@ impl Carrier {
         self.current.get()
     }
 
-    /// A runtime reference for a new fiber, from the local stock.
-    #[inline]
-    pub(crate) fn take_ref(&self) -> RuntimeRef {
-        if self.stock.get() == 0 {
-            self.rt.acquire_stock(STOCK_BATCH);
-            self.stock.set(STOCK_BATCH);
-        }
-        self.stock.set(self.stock.get() - 1);
-        // SAFETY: we just took one unit out of the stock we own.
-        unsafe { self.rt.take_from_stock() }
-    }
-
-    /// Takes back a dropped runtime reference into the stock. A full stock gives half of itself
-    /// back in one atomic subtraction: given back one at a time, the references of a fork-join
-    /// that spawns all before joining any (the stock fills after 256) each cost an atomic on
-    /// the runtime's count, a line every carrier shares (`arch/performance.md`).
+    /// Takes back a runtime reference dropped on this carrier into the stock. A full stock
+    /// gives half of itself back in one atomic subtraction: given back one at a time, each
+    /// would cost an atomic on the runtime's count, a line every carrier shares
+    /// (`arch/performance.md`).
     #[inline]
     pub(crate) fn stock_ref(&self) {
         let s = self.stock.get() + 1;

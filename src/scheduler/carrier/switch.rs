@@ -189,8 +189,8 @@ impl Carrier {
             Suspend::Finished => {
                 self.finish(&f);
                 self.current.set(std::ptr::null());
-                if let Some((record, rt)) = FiberRef::release_finished(f) {
-                    self.finished_record(record, rt);
+                if let Some(record) = FiberRef::release_finished(f) {
+                    self.give_record(record);
                 }
             }
         }
