@@ -169,6 +169,16 @@ fn scope_done(rec: &FiberRecord, unhandled_panic: bool) {
     }
 }
 
+/// `JoinHandle::join` found no result yet: waits for it, parking the calling fiber or blocking
+/// the calling thread. If the wait unwinds (the joiner is cancelled), the handle, still the
+/// caller's, is dropped and detaches.
+#[inline(never)]
+fn wait_for_join(rec: &FiberRecord) {
+    // SAFETY: the fiber reads `waiter` only after seeing WAITING, not yet published.
+    let publish_handle = || unsafe { *rec.waiter.get() = Some(crate::fiber::handle::current()) };
+    wait_for_result(&rec.join, publish_handle, || super::park::park_for(super::wait::WaitReason::Join, None));
+}
+
 /// `let h: vt::JoinHandle<u64> = vt::spawn(|| 1 + 1); let two = h.join().unwrap();`
 ///
 /// An owned permission to join a fiber (wait for it to finish and take its result), like
@@ -203,13 +213,15 @@ impl<T> JoinHandle<T> {
     /// Waits for the fiber to finish. `Err` holds the payload of the fiber's panic (or, if its
     /// runtime was dropped first, a `&'static str` saying it was cancelled).
     /// Called from a fiber, this parks the fiber; from a plain thread, it blocks the thread.
+    #[inline]
     pub fn join(self) -> thread::Result<T> {
         let rec = self.rec();
-        // SAFETY: the fiber reads `waiter` only after seeing WAITING, not yet published.
-        let publish_handle = || unsafe { *rec.waiter.get() = Some(crate::fiber::handle::current()) };
-        wait_for_result(&rec.join, publish_handle, || {
-            super::park::park_for(super::wait::WaitReason::Join, None)
-        });
+        // Inlined where it is called, up to the wait, which is a call: a join that finds the
+        // result there (W1's, whose children finish before their joins) then costs no frame
+        // and no result returned through memory (`arch/performance.md`).
+        if rec.join.load(Ordering::Acquire) != DONE {
+            wait_for_join(rec);
+        }
         debug_assert_eq!(rec.stage_kind.get(), STAGE_RESULT);
         // SAFETY: DONE was observed with Acquire, so the fiber's write of its result happened
         // before; it is a `thread::Result<T>` (this handle's type), and we are the only taker.
