@@ -243,6 +243,10 @@ fn fork_yield(c: &Carrier) {
 /// If no stack can be allocated, as `std::thread::spawn` panics when the OS cannot create a
 /// thread; use [`Builder::spawn`] to get the `io::Error` instead.
 #[track_caller]
+// Inlined where it is called: generic, so one copy per closure type anyway, nearly always
+// called from one place; its frame (six saved registers) and argument moves were ~20
+// instructions per spawn (`arch/performance.md`).
+#[inline]
 pub fn spawn<F, T>(f: F) -> JoinHandle<T>
 where
     F: FnOnce() -> T + Send + 'static,
