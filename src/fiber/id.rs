@@ -1,6 +1,7 @@
 //! Fiber ids: unique for the life of the process, handed out in blocks so that spawning
 //! touches no counter shared by all carriers.
 
+use std::cell::Cell;
 use std::fmt;
 use std::num::NonZeroU64;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -52,4 +53,54 @@ pub(crate) fn next_id(block: &mut (u64, u64)) -> FiberId {
     let id = block.0;
     block.0 += 1;
     FiberId(NonZeroU64::new(id).expect("ids start at 1"))
+}
+
+/// A block of ids a carrier hands out, one per spawn: a test, and one store per id (a block
+/// kept as one pair was stored back whole, and its id tested for zero).
+#[derive(Default)]
+pub(crate) struct IdBlock {
+    /// The next id to hand out; equal to `end` when the block is used up (or, `(0, 0)`, not
+    /// reserved yet), so an id handed out is never 0: blocks start at 1 and only grow.
+    next: Cell<u64>,
+    end: Cell<u64>,
+}
+
+impl IdBlock {
+    #[inline]
+    pub(crate) fn take(&self) -> FiberId {
+        let id = self.next.get();
+        if id == self.end.get() {
+            return self.refill();
+        }
+        self.next.set(id + 1);
+        // SAFETY: `id` lies in a reserved block (`next` differs from `end`), whose ids are at
+        // least 1 (see `next`).
+        FiberId(unsafe { NonZeroU64::new_unchecked(id) })
+    }
+
+    /// The block is used up: reserves the next one and hands out its first id.
+    #[cold]
+    #[inline(never)]
+    fn refill(&self) -> FiberId {
+        let (start, end) = reserve_ids();
+        self.next.set(start + 1);
+        self.end.set(end);
+        FiberId(NonZeroU64::new(start).expect("ids start at 1"))
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::{ID_BLOCK, IdBlock};
+
+    #[test]
+    fn a_block_hands_out_increasing_ids_across_its_refills() {
+        let block = IdBlock::default();
+        let ids: Vec<u64> = (0..2 * ID_BLOCK + 3).map(|_| block.take().as_u64()).collect();
+        assert!(ids[0] >= 1);
+        // Within a block one after another; a refill's block lies above (others reserve too).
+        assert!(ids.windows(2).all(|w| w[1] > w[0]), "not increasing: {ids:?}");
+        let contiguous = ids.windows(2).filter(|w| w[1] == w[0] + 1).count() as u64;
+        assert!(contiguous >= 2 * ID_BLOCK - 1, "{contiguous} steps of one");
+    }
 }

@@ -605,10 +605,26 @@ impl FiberRecord {
             if self.stage_kind.get() != STAGE_EMPTY {
                 self.drop_stage();
             }
-            *self.name.get() = None;
-            *self.waiter.get() = None;
-            *self.scope.get() = None;
+            // Each is usually `None` by now (no name; the joiner's handle taken by its wake;
+            // the scope's taken when it was told): a test, and a store only when it is not.
+            clear_option(&self.name);
+            clear_option(&self.waiter);
+            clear_option(&self.scope);
         }
         self.vtable.set(&NO_VTABLE);
+    }
+}
+
+/// Drops what `cell` holds, storing `None` only when it held something.
+///
+/// # Safety
+/// The caller has exclusive access to the cell.
+#[inline(always)]
+unsafe fn clear_option<T>(cell: &UnsafeCell<Option<T>>) {
+    // SAFETY: exclusive (the caller's contract).
+    unsafe {
+        if (*cell.get()).is_some() {
+            *cell.get() = None;
+        }
     }
 }

@@ -138,7 +138,7 @@ pub(crate) struct Carrier {
     rng: Cell<u64>,
     /// The stack cache's last operation was a take (see `take_stack`).
     taking: Cell<bool>,
-    ids: Cell<(u64, u64)>,
+    ids: fid::IdBlock,
     stock: Cell<usize>,
     searching: Cell<bool>,
     /// Whether spinning pays here lately (`search`): raised by `SPIN_PAID` when a search found
@@ -187,7 +187,7 @@ impl Carrier {
             ticks_left: Cell::new(GLOBAL_CHECK_INTERVAL),
             rng: Cell::new(0x2545_F491_4F6C_DD1D ^ ((index as u64 + 1) << 17)),
             taking: Cell::new(false),
-            ids: Cell::new((0, 0)),
+            ids: fid::IdBlock::default(),
             stock: Cell::new(0),
             // Counted as a searcher since `start_carrier` (`Idle::start_searching`).
             searching: Cell::new(true),
@@ -265,10 +265,7 @@ impl Carrier {
 
     #[inline]
     pub(crate) fn next_id(&self) -> FiberId {
-        let mut block = self.ids.get();
-        let id = fid::next_id(&mut block);
-        self.ids.set(block);
-        id
+        self.ids.take()
     }
 
     fn run_loop(&self) {
