@@ -136,7 +136,8 @@ fn detach(join: &impl JoinWord) -> bool {
 pub(crate) fn complete(rec: &FiberRecord) {
     match publish_result(&rec.join) {
         Completion::WakeJoiner => wake_joiner(rec),
-        Completion::DropResult => drop_unjoined_result(rec),
+        // SAFETY: DETACHED: the handle is gone, and the fiber just put its result in the stage.
+        Completion::DropResult => unsafe { drop_unjoined_result(rec) },
         Completion::Kept => {}
     }
 }
@@ -151,10 +152,15 @@ fn wake_joiner(rec: &FiberRecord) {
     }
 }
 
-/// `complete` found the handle gone: nobody will join, the result is ours to drop.
+/// Nobody will join: `complete` found the handle gone, or the handle's drop found the result
+/// there. The result is the caller's to drop.
+///
+/// # Safety
+/// The stage holds this fiber's result, and the caller is the one party to it (see the
+/// module doc).
 #[inline(never)]
-fn drop_unjoined_result(rec: &FiberRecord) {
-    // SAFETY: the stage holds this fiber's result; the handle is gone.
+unsafe fn drop_unjoined_result(rec: &FiberRecord) {
+    // SAFETY: the caller's contract.
     let panicked = unsafe { (rec.vtable.get().drop_result)(rec) };
     scope_done(rec, panicked);
 }
@@ -250,6 +256,9 @@ impl<T> JoinHandle<T> {
 }
 
 impl<T> Drop for JoinHandle<T> {
+    // Inlined where the handle goes, up to dropping a result, which is a call: detaching a
+    // fiber that has not finished (W3's) then costs no frame (`arch/performance.md`).
+    #[inline]
     fn drop(&mut self) {
         // Taken out first, so that the reference is released even when the result's
         // destructor panics below.
@@ -257,8 +266,7 @@ impl<T> Drop for JoinHandle<T> {
         let rec = unsafe { ManuallyDrop::take(&mut self.fiber).into_record_unchecked() };
         if detach(&rec.join) {
             // SAFETY: DONE: the result is in the stage and nobody else will take it.
-            let panicked = unsafe { (rec.vtable.get().drop_result)(&rec) };
-            scope_done(&rec, panicked);
+            unsafe { drop_unjoined_result(&rec) };
         }
     }
 }
