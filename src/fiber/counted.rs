@@ -135,7 +135,7 @@ impl Drop for FiberRef {
         // Release/Acquire as in `Arc::drop`: every use happens before the record is reused.
         if self.refs.fetch_sub(1, Ordering::Release) == 1 {
             fence(Ordering::Acquire);
-            self.recycle(self.0);
+            FiberRecord::recycle(self.0);
         }
     }
 }

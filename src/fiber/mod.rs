@@ -583,9 +583,14 @@ impl FiberRecord {
 
     /// The last reference is gone: clear what described this fiber and hand the record back
     /// to its runtime's pool.
+    ///
+    /// The record's pointer alone is passed (not a reference beside it): one register to keep
+    /// across the carrier's look-up, not two.
     #[inline(never)]
-    fn recycle(&self, ptr: NonNull<FiberRecord>) {
-        self.clear();
+    fn recycle(ptr: NonNull<FiberRecord>) {
+        // SAFETY: the last reference is gone: unused, ours, and allocated (records are freed
+        // only with their runtime's state, which the record's reference keeps).
+        unsafe { ptr.as_ref() }.clear();
         // The pool belongs to the runtime, which the record's reference keeps alive until the
         // end.
         RuntimeRef::recycle(ptr);
@@ -606,25 +611,27 @@ impl FiberRecord {
                 self.drop_stage();
             }
             // Each is usually `None` by now (no name; the joiner's handle taken by its wake;
-            // the scope's taken when it was told): a test, and a store only when it is not.
-            clear_option(&self.name);
-            clear_option(&self.waiter);
-            clear_option(&self.scope);
+            // the scope's taken when it was told): one test for the three, and their drops out
+            // of line, so that the recycling's frame needs no registers for them.
+            if (*self.name.get()).is_some() | (*self.waiter.get()).is_some() | (*self.scope.get()).is_some() {
+                self.drop_description();
+            }
         }
         self.vtable.set(&NO_VTABLE);
     }
-}
 
-/// Drops what `cell` holds, storing `None` only when it held something.
-///
-/// # Safety
-/// The caller has exclusive access to the cell.
-#[inline(always)]
-unsafe fn clear_option<T>(cell: &UnsafeCell<Option<T>>) {
-    // SAFETY: exclusive (the caller's contract).
-    unsafe {
-        if (*cell.get()).is_some() {
-            *cell.get() = None;
+    /// `clear` found a name, a joiner's handle or a scope still set: drops them.
+    ///
+    /// # Safety
+    /// As for `clear`: no references remain.
+    #[cold]
+    #[inline(never)]
+    unsafe fn drop_description(&self) {
+        // SAFETY: exclusive (the caller's contract).
+        unsafe {
+            *self.name.get() = None;
+            *self.waiter.get() = None;
+            *self.scope.get() = None;
         }
     }
 }

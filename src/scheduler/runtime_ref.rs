@@ -130,8 +130,20 @@ pub(crate) fn recycle_record(ptr: NonNull<FiberRecord>) {
             return;
         }
     }
-    // SAFETY: unused and ours, as above.
-    let rt = unsafe { rec.take_runtime() };
+    // SAFETY: as above.
+    unsafe { recycle_elsewhere(ptr) };
+}
+
+/// `recycle_record` off the record's runtime's carriers: the record goes to the runtime's pool,
+/// without its reference. Out of line: the recycling on a carrier keeps a smaller frame.
+///
+/// # Safety
+/// The record's last reference is gone: it is unused, and the caller's.
+#[cold]
+#[inline(never)]
+unsafe fn recycle_elsewhere(ptr: NonNull<FiberRecord>) {
+    // SAFETY: the caller's contract.
+    let rt = unsafe { ptr.as_ref().take_runtime() };
     // The pool belongs to the runtime, which `rt` keeps alive until after this.
     rt.give_records(std::iter::once(ptr));
 }
