@@ -166,10 +166,21 @@ unsafe fn drop_unjoined_result(rec: &FiberRecord) {
 }
 
 /// The result was taken or dropped: tell the scope (once; the caller is the only party).
+/// Most fibers have none: a test, and the telling out of line.
 #[inline]
 fn scope_done(rec: &FiberRecord, unhandled_panic: bool) {
     // SAFETY: exactly one party reaches here per fiber (see the module doc), so the cell is
     // not touched concurrently.
+    if unsafe { (*rec.scope.get()).is_some() } {
+        tell_scope(rec, unhandled_panic);
+    }
+}
+
+/// `scope_done` with a scope: takes it out of the record and tells it.
+#[cold]
+#[inline(never)]
+fn tell_scope(rec: &FiberRecord, unhandled_panic: bool) {
+    // SAFETY: as in `scope_done`, whose caller is the only party.
     if let Some(scope) = unsafe { (*rec.scope.get()).take() } {
         scope.fiber_done(unhandled_panic);
     }

@@ -220,7 +220,7 @@ fn vtable_of<F: FnOnce() -> T + Send, T: Send>(_: &F) -> &'static crate::fiber::
 /// (ZIO's `MaxForksBeforeYield`). Off when the setting is 0.
 #[inline]
 fn fork_yield(c: &Carrier) {
-    let every = c.shared().config().fork_yield;
+    let every = c.fork_yield();
     let me = c.current();
     if every == 0 || me.is_null() {
         return;

@@ -135,6 +135,9 @@ pub(crate) struct Carrier {
     /// injector, the reactor and the other carriers' loads: a countdown from
     /// `GLOBAL_CHECK_INTERVAL`, where a counter's modulo divided by 61 on every switch.
     ticks_left: Cell<u32>,
+    /// `config.fork_yield`, copied: read by every spawn here, where the runtime's copy is two
+    /// loads away.
+    fork_yield: u32,
     rng: Cell<u64>,
     /// The stack cache's last operation was a take (see `take_stack`).
     taking: Cell<bool>,
@@ -185,6 +188,7 @@ impl Carrier {
             place_watch: Cell::new((0, 0)),
             place_shun: Cell::new((NO_PLACE, 0)),
             ticks_left: Cell::new(GLOBAL_CHECK_INTERVAL),
+            fork_yield: rt.config().fork_yield,
             rng: Cell::new(0x2545_F491_4F6C_DD1D ^ ((index as u64 + 1) << 17)),
             taking: Cell::new(false),
             ids: fid::IdBlock::default(),
@@ -241,6 +245,12 @@ impl Carrier {
 
     pub(crate) fn index(&self) -> usize {
         self.index
+    }
+
+    /// The fork-yield setting (`runtime::Builder::fork_yield`).
+    #[inline(always)]
+    pub(crate) fn fork_yield(&self) -> u32 {
+        self.fork_yield
     }
 
     /// The fiber this carrier is running, or null between fibers.

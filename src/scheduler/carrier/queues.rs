@@ -81,8 +81,10 @@ impl Carrier {
 
     #[inline]
     fn count_spawn(&self, f: &FiberRef) {
-        bump(&self.slot().stats.spawned, 1);
-        if !self.slot().trace.load(Ordering::Relaxed).is_null() {
+        // Once: read again after the count's store, it was loaded twice.
+        let slot = self.slot();
+        bump(&slot.stats.spawned, 1);
+        if !slot.trace.load(Ordering::Relaxed).is_null() {
             self.trace_spawn(FiberRef::as_ptr(f));
         }
     }

@@ -62,8 +62,7 @@ impl Idle {
     pub(crate) fn notify_needed(&self) -> bool {
         // Pairs with the SeqCst RMW in `register`: either we see the sleeper or it sees our work.
         fence(Ordering::SeqCst);
-        let c = self.counts.load(Ordering::Relaxed);
-        c & SEARCHING_MASK == 0 && c >= SLEEPER
+        wake_needed(self.counts.load(Ordering::Relaxed))
     }
 
     pub(crate) fn pop_sleeper(&self) -> Option<usize> {
@@ -153,6 +152,32 @@ impl Idle {
     /// Stops searching. Returns true if this was the last searcher (step 3).
     pub(crate) fn stop_search(&self) -> bool {
         self.counts.fetch_sub(1, Ordering::SeqCst) & SEARCHING_MASK == 1
+    }
+}
+
+/// Whether counts `c` have nobody searching and someone sleeping: `c & SEARCHING_MASK == 0 &&
+/// c >= SLEEPER` as one compare. Rotated, the sleepers are the low half and the searchers the
+/// high, and the word lies in 1..2^32 exactly then (every spawn's test: 5 instructions, not 7).
+#[inline(always)]
+fn wake_needed(c: usize) -> bool {
+    const _: () = assert!(SLEEPER == 1 << 32 && usize::BITS == 64);
+    c.rotate_right(32).wrapping_sub(1) < SEARCHING_MASK
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::{SEARCHING_MASK, SLEEPER, wake_needed};
+
+    #[test]
+    fn the_rotated_test_is_nobody_searching_and_someone_asleep() {
+        let halves = [0, 1, 2, 7, SEARCHING_MASK - 1, SEARCHING_MASK];
+        for searching in halves {
+            for sleeping in halves {
+                let c = searching | sleeping << 32;
+                let plain = c & SEARCHING_MASK == 0 && c >= SLEEPER;
+                assert_eq!(wake_needed(c), plain, "searching {searching}, sleeping {sleeping}");
+            }
+        }
     }
 }
 
