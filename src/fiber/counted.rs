@@ -93,7 +93,7 @@ impl FiberRef {
     /// Drops `this` (the carrier's reference to a fiber that just finished) together with the
     /// fiber's reference to itself: one atomic operation for both. When those were the last
     /// (nobody holds a handle: a detached fiber), returns the record, cleared (its runtime
-    /// reference still in it), for the carrier to keep (`Carrier::finished_record`): the
+    /// reference still in it), for the carrier to keep (`Carrier::give_record`): the
     /// carrier is at hand, where `recycle` would look it up again through the thread-local.
     #[inline]
     pub(crate) fn release_finished(this: FiberRef) -> Option<NonNull<FiberRecord>> {
