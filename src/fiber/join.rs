@@ -131,12 +131,16 @@ fn detach(join: &impl JoinWord) -> bool {
 /// Step 1 (the fiber's side), after it stored its result in the stage. Called once. Inlined
 /// into the end of a fiber's run: when the handle keeps the result, the swap is all it does, and
 /// a frame of its own around that swap cost a call, two saved registers and a return per fiber
-/// (`arch/performance.md`); the two other outcomes are calls.
+/// (`arch/performance.md`); waking a joiner is a call, and dropping a result nobody will take
+/// calls the stage's vtable.
 #[inline(always)]
 pub(crate) fn complete(rec: &FiberRecord) {
     match publish_result(&rec.join) {
         Completion::WakeJoiner => wake_joiner(rec),
-        // SAFETY: DETACHED: the handle is gone, and the fiber just put its result in the stage.
+        // The result's drop is a call already (the stage's vtable), so no second frame around
+        // it: a detached fiber (every W3 link) ends with one call, not two.
+        // SAFETY: DETACHED: the handle is gone, and the fiber just put its result in the stage,
+        // which nobody else will take.
         Completion::DropResult => unsafe { drop_unjoined_result(rec) },
         Completion::Kept => {}
     }
@@ -158,11 +162,22 @@ fn wake_joiner(rec: &FiberRecord) {
 /// # Safety
 /// The stage holds this fiber's result, and the caller is the one party to it (see the
 /// module doc).
-#[inline(never)]
+#[inline(always)]
 unsafe fn drop_unjoined_result(rec: &FiberRecord) {
     // SAFETY: the caller's contract.
     let panicked = unsafe { (rec.vtable.get().drop_result)(rec) };
     scope_done(rec, panicked);
+}
+
+/// `drop_unjoined_result` for the handle's drop, out of line: the handle's drop is inlined
+/// where the handle goes, and a result there is the rare case.
+///
+/// # Safety
+/// As for `drop_unjoined_result`.
+#[inline(never)]
+unsafe fn drop_detached_result(rec: &FiberRecord) {
+    // SAFETY: the caller's contract.
+    unsafe { drop_unjoined_result(rec) }
 }
 
 /// The result was taken or dropped: tell the scope (once; the caller is the only party).
@@ -277,7 +292,7 @@ impl<T> Drop for JoinHandle<T> {
         let rec = unsafe { ManuallyDrop::take(&mut self.fiber).into_record_unchecked() };
         if detach(&rec.join) {
             // SAFETY: DONE: the result is in the stage and nobody else will take it.
-            unsafe { drop_unjoined_result(&rec) };
+            unsafe { drop_detached_result(&rec) };
         }
     }
 }
