@@ -3,27 +3,32 @@
 # (benches/examples/http_server.rs) and its tokio twin (http_server_tokio.rs, the same HTTP
 # code). For each concurrency and round, the servers in an order rotated each round: start one
 # on a free loopback port, wait until it accepts, run
-# `wrk -t1 -c$c -d$DURATION --latency`, read the server's CPU time (utime + stime from
+# `wrk -t$WRK_THREADS -c$c -d$DURATION --latency`, read the server's CPU time (utime + stime from
 # /proc/PID/stat) before and after, stop it. Then a table of medians over the rounds and the
 # vt/tokio ratios. One command from the repository root: `bash benches/wrk.sh`.
 #
 # Settings (environment): ROUNDS (default 3), DURATION (wrk's -d, default 10s), CONNS
-# (default "100 1000"), VT_ARGS / TOKIO_ARGS (extra flags for each server, e.g.
-# VT_ARGS="--carriers 2"), VT_BIN (another build of http_server, to compare two builds of the
-# runtime against the same tokio), VT_PIN_MODES (e.g. "1 0": one more vt server per mode, named
-# vt-pin1 / vt-pin0, run with VT_PIN_CARRIERS set to it, beside the default `vt`, whose carriers
-# are pinned until their CPU is shared), VT_STD=1 (one more server, vt-std: the same server on
-# std::net's own types, `--std`, built with the `hooks` feature that parks them; arch/hooks.md),
-# VT_ACCEPT (how the vt servers accept: `one`, the default, one listener and acceptor;
-# `per-carrier`, a listener and acceptor per carrier on the port, `--accept per-carrier`,
-# arch/decisions/0015-acceptor-per-carrier.md; `both`, one more server, vt-pc, run with
-# `--accept per-carrier` beside `vt`).
+# (default "100 1000"), WRK_THREADS (wrk's -t, default 1: one client thread caps req/s at
+# 1 / its CPU per request, `arch/performance.md`), VT_ARGS / TOKIO_ARGS (extra flags for each
+# server, e.g. VT_ARGS="--carriers 2"), VT_BIN (another build of http_server, to compare two
+# builds of the runtime against the same tokio), VT_PIN_MODES (e.g. "1 0": one more vt server
+# per mode, named vt-pin1 / vt-pin0, run with VT_PIN_CARRIERS set to it, beside the default
+# `vt`, whose carriers are pinned until their CPU is shared), VT_STD=1 (one more server,
+# vt-std: the same server on std::net's own types, `--std`, built with the `hooks` feature that
+# parks them; arch/hooks.md), VT_ACCEPT (how the vt servers accept: `one`, the default, one
+# listener and acceptor; `per-carrier`, a listener and acceptor per carrier on the port,
+# `--accept per-carrier`, arch/decisions/0015-acceptor-per-carrier.md; `both`, one more server,
+# vt-pc, run with `--accept per-carrier` beside `vt`).
 # Installs wrk with apt-get if it is missing.
 set -euo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 ROUNDS=${ROUNDS:-3}
 DURATION=${DURATION:-10s}
+WRK_THREADS=${WRK_THREADS:-1}
+case $WRK_THREADS in
+    '' | *[!0-9]* | 0) echo "wrk.sh: WRK_THREADS takes a positive number of threads, got '$WRK_THREADS'" >&2; exit 2 ;;
+esac
 CONNS=${CONNS:-100 1000}
 VT_ARGS=${VT_ARGS:-}
 TOKIO_ARGS=${TOKIO_ARGS:-}
@@ -142,7 +147,7 @@ for c in $CONNS; do
             name=${SERVERS[$(((k + round - 1) % ${#SERVERS[@]}))]}
             start_server "$name"
             before=$(cpu_ticks "$server_pid")
-            out=$(wrk -t1 -c"$c" -d"$DURATION" --latency "http://127.0.0.1:$port/")
+            out=$(wrk -t"$WRK_THREADS" -c"$c" -d"$DURATION" --latency "http://127.0.0.1:$port/")
             after=$(cpu_ticks "$server_pid")
             load=$(cut -d' ' -f1-3 /proc/loadavg)
             stop_server
@@ -161,7 +166,7 @@ done
 
 # Medians per server and c, then the ratios.
 echo
-echo "wrk -t1 -c{$CONNS} -d$DURATION --latency, $ROUNDS rounds, medians; load average at the end: $(cut -d' ' -f1-3 /proc/loadavg)"
+echo "wrk -t$WRK_THREADS -c{$CONNS} -d$DURATION --latency, $ROUNDS rounds, medians; load average at the end: $(cut -d' ' -f1-3 /proc/loadavg)"
 awk '
     function median(list,    a, n, i, j, t) {
         n = split(list, a, " ")
