@@ -297,6 +297,34 @@ impl Carrier {
         self.take_stack(class).map(new_coroutine)
     }
 
+    /// `give_coroutine` for the common case, straight from a finished fiber's slot: a coroutine
+    /// of the runtime's stack class that can run another fiber goes into the cache's free room,
+    /// a word at a time (`take_finished`), and the slot is left `None`. Moved out and pushed
+    /// instead, it went through a stack temporary on the way (10 instructions more per W1 fiber).
+    /// Returns false, with the slot as it was, when it does not go there (no room, another
+    /// class, a coroutine that returned, or none).
+    ///
+    /// # Safety
+    /// The caller has exclusive access to the slot.
+    #[inline(always)]
+    pub(super) unsafe fn keep_finished(&self, slot: &mut Option<Co>, class: &'static SizeClass) -> bool {
+        let mut cache = self.coroutine_cache();
+        // Full at its capacity (`COROUTINE_CACHE`, never grown).
+        let keep = slot.as_ref().is_some_and(|co| !co.done())
+            && std::ptr::eq(class, self.rt.stacks)
+            && cache.len() < cache.capacity();
+        if keep {
+            let len = cache.len();
+            // SAFETY: `len < capacity`: the element past the last is free room for one `Co`;
+            // the slot holds one (tested), and exclusive access is the caller's.
+            unsafe {
+                move_finished(slot, cache.as_mut_ptr().add(len));
+                cache.set_len(len + 1);
+            }
+        }
+        keep
+    }
+
     /// A finished fiber's coroutine: kept for the next fiber if it can run one (the runtime's
     /// stack class, room in the cache), else its stack goes back.
     #[inline(always)]
@@ -353,21 +381,57 @@ pub(super) unsafe fn take_finished(co: &mut Option<crate::fiber::Co>) -> Option<
     const WORDS: usize = size_of::<Slot>() / size_of::<usize>();
     const _: () =
         assert!(size_of::<Slot>() % size_of::<usize>() == 0 && align_of::<Slot>() >= align_of::<usize>());
-    // Words as `MaybeUninit`: a padding byte (corosensei's layout is its own) is copied as
-    // it is, never read as an integer.
-    let src = (co as *mut Slot).cast::<MaybeUninit<usize>>();
     let mut out = MaybeUninit::<Slot>::uninit();
-    let dst = out.as_mut_ptr().cast::<MaybeUninit<usize>>();
-    for i in 0..WORDS {
-        // SAFETY: `i < WORDS` words lie within both, which are word-aligned (the asserts
-        // above); volatile keeps LLVM from merging them into wider loads.
-        unsafe { dst.add(i).write(src.add(i).read_volatile()) };
-    }
+    // SAFETY: both hold a `Slot`, word-aligned and a whole number of words (the asserts above).
+    unsafe { copy_words((co as *mut Slot).cast(), out.as_mut_ptr().cast(), WORDS) };
     // SAFETY: the slot's value now lives in `out`: overwrite it without dropping it. `out`
     // holds a bitwise copy of a valid value.
     unsafe {
         (co as *mut Slot).write(None);
         out.assume_init()
+    }
+}
+
+/// A coroutine's size in words: a whole number, and word-aligned, for `copy_words`.
+const CO_WORDS: usize = {
+    use std::mem::{align_of, size_of};
+    assert!(size_of::<Co>() % size_of::<usize>() == 0 && align_of::<Co>() >= align_of::<usize>());
+    size_of::<Co>() / size_of::<usize>()
+};
+
+/// Copies `words` words from `src` to `dst`, one load each (`take_finished` says why).
+///
+/// # Safety
+/// Both are word-aligned and valid for `words` words, and do not overlap.
+#[inline(always)]
+unsafe fn copy_words(
+    src: *const std::mem::MaybeUninit<usize>,
+    dst: *mut std::mem::MaybeUninit<usize>,
+    words: usize,
+) {
+    for i in 0..words {
+        // SAFETY: `i < words` words lie within both (the contract); volatile keeps LLVM
+        // from merging them into wider loads. Words as `MaybeUninit`: a padding byte
+        // (corosensei's layout is its own) is copied as it is, never read as an integer.
+        unsafe { dst.add(i).write(src.add(i).read_volatile()) };
+    }
+}
+
+/// `take_finished` into `dst` instead of a return value, for a slot known to hold a coroutine:
+/// the words go from the slot to `dst` with no copy between.
+///
+/// # Safety
+/// The caller has exclusive access to the slot, which is `Some`; `dst` is valid for writing
+/// one `Co` and holds none to drop.
+#[inline(always)]
+unsafe fn move_finished(slot: &mut Option<crate::fiber::Co>, dst: *mut crate::fiber::Co) {
+    // SAFETY: the slot is `Some` (the caller's contract), so `as_mut` gives the coroutine in
+    // place, word-aligned and whole words (`CO_WORDS`) as `dst` is; its words go to `dst`,
+    // then the slot is overwritten without dropping, its value now living at `dst`.
+    unsafe {
+        let src = std::ptr::from_mut(slot.as_mut().unwrap_unchecked());
+        copy_words(src.cast(), dst.cast(), CO_WORDS);
+        std::ptr::from_mut(slot).write(None);
     }
 }
 

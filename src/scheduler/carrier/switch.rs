@@ -319,8 +319,13 @@ impl Carrier {
 
     pub(super) fn finish(&self, f: &FiberRef) {
         // SAFETY: the fiber just returned on this carrier: nobody else can touch it.
-        let co = unsafe { take_finished(f.co_mut()) }.expect("a finished fiber had its coroutine");
-        self.give_coroutine(co, f.class());
+        let slot = unsafe { f.co_mut() };
+        // SAFETY: as above: exclusive access to the slot.
+        if !unsafe { self.keep_finished(slot, f.class()) } {
+            // SAFETY: as above.
+            let co = unsafe { take_finished(slot) }.expect("a finished fiber had its coroutine");
+            self.give_coroutine(co, f.class());
+        }
         bump(&self.slot().stats.finished, 1);
         f.set_done();
     }
