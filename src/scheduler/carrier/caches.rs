@@ -297,6 +297,38 @@ impl Carrier {
         self.take_stack(class).map(new_coroutine)
     }
 
+    /// `take_coroutine` and `bind` for the common case: a cached coroutine of the runtime's
+    /// stack class goes from the cache straight into the fiber's slot (through `Co` values and
+    /// an `io::Result`, three of its five words were spilled to the stack and loaded back).
+    /// Returns false, with nothing taken, when the fiber needs another class or the cache is
+    /// empty.
+    ///
+    /// # Safety
+    /// The caller has exclusive access to `f`, which has not run yet (its slot is `None`).
+    #[inline(always)]
+    pub(super) unsafe fn bind_cached(&self, f: &FiberRecord) -> bool {
+        let mut cache = self.coroutine_cache();
+        let Some(last) = cache.len().checked_sub(1) else { return false };
+        if !std::ptr::eq(f.class(), self.rt.stacks) {
+            return false;
+        }
+        // SAFETY: `last < len`: the last coroutine, read out (a word at a time: the finish
+        // that put it there, maybe a few dozen instructions ago, wrote it with word stores,
+        // which a wider load spanning two could not be forwarded from) and forgotten by the
+        // new length; the slot is `None` and ours (the contract), so writing over it drops
+        // nothing.
+        unsafe {
+            cache.set_len(last);
+            let mut co = std::mem::MaybeUninit::<Co>::uninit();
+            copy_words(cache.as_ptr().add(last).cast(), co.as_mut_ptr().cast(), CO_WORDS);
+            let slot = std::ptr::from_mut(f.co_mut());
+            debug_assert!((*slot).is_none());
+            slot.write(Some(co.assume_init()));
+        }
+        bump(&self.slot().stats.stack_hits, 1);
+        true
+    }
+
     /// `give_coroutine` for the common case, straight from a finished fiber's slot: a coroutine
     /// of the runtime's stack class that can run another fiber goes into the cache's free room,
     /// a word at a time (`take_finished`), and the slot is left `None`. Moved out and pushed

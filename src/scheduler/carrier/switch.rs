@@ -107,8 +107,8 @@ impl Carrier {
                 f.home.store(NO_HOME, Ordering::Relaxed);
             }
             slot.stats.started.store(started, Ordering::Relaxed);
-            // SAFETY: we popped `f`: exclusive access.
-            if !unsafe { f.bind(self.take_coroutine(f.class())) } {
+            // SAFETY: we popped `f`: exclusive access; it has not started, so holds none.
+            if !unsafe { self.bind_cached(&f) || f.bind(self.take_coroutine(f.class())) } {
                 // No stack: its join handle got the error; it is finished.
                 bump(&slot.stats.finished, 1);
                 FiberRecord::finish_now(&f);
