@@ -153,10 +153,9 @@ pub(crate) struct Carrier {
     unspun: Cell<u32>,
     /// The fiber running now (registered with `fiber::context`, which reads it).
     current: Running,
-    progress: Cell<u64>,
     last_poll: Cell<Instant>,
     /// While a trace runs, the mark: when the last slice here ended (or an idle wait, a search
-    /// that found work, a wake between slices), the next slice's start, and `progress` then
+    /// that found work, a wake between slices), the next slice's start, and `resumes()` then
     /// (`traced.rs`).
     trace_mark: Cell<u64>,
     trace_mark_progress: Cell<u64>,
@@ -198,7 +197,6 @@ impl Carrier {
             spin_score: Cell::new(SPIN_SCORE_MAX),
             unspun: Cell::new(0),
             current: Running::new(),
-            progress: Cell::new(0),
             last_poll: Cell::new(Instant::now()),
             trace_mark: Cell::new(0),
             trace_mark_progress: Cell::new(0),

@@ -256,8 +256,13 @@ impl Carrier {
     /// Leaving the searching state with work in hand: if we were the last searcher, wake
     /// another carrier, since there may be more work than one carrier can take.
     pub(super) fn found_work(&self) {
-        if self.searching.replace(false) && self.rt.idle.stop_search() {
-            self.rt.notify();
+        // Tested before it is cleared: a carrier that finds work in its own queues was not
+        // searching, and the store would be one more per fiber for nothing.
+        if self.searching.get() {
+            self.searching.set(false);
+            if self.rt.idle.stop_search() {
+                self.rt.notify();
+            }
         }
     }
 

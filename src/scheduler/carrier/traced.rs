@@ -13,6 +13,11 @@ impl Carrier {
         if me.is_null() { 0 } else { unsafe { (*me).id().as_u64() } }
     }
 
+    /// Resumes on this carrier so far: its slot's `progress`, which only it writes.
+    fn resumes(&self) -> u64 {
+        self.slot().progress.load(Ordering::Relaxed)
+    }
+
     #[cold]
     #[inline(never)]
     pub(super) fn trace_spawn(&self, f: *const FiberRecord) {
@@ -29,7 +34,7 @@ impl Carrier {
         // SAFETY: the caller holds a reference to the record.
         let f = unsafe { &*f };
         let by = self.current_id();
-        if self.progress.get() == self.trace_mark_progress.get() {
+        if self.resumes() == self.trace_mark_progress.get() {
             // No resume since the last slice ended: a wake between slices (a joiner woken as
             // its child finishes, a timer): the next slice, perhaps the woken's, starts after it.
             self.trace_mark.set(trace::now());
@@ -45,11 +50,11 @@ impl Carrier {
     /// A run slice ended (`switched_out`, a trace running). Its start is not noted on the way
     /// in, which would cost every switch a test: it is the previous slice's end on this carrier
     /// (or the end of its idle wait, or the trace's start), so a slice includes the scheduler's
-    /// few hundred instructions before it. `progress` then gives the resumes.
+    /// few hundred instructions before it. `resumes()` then gives the resumes.
     pub(super) fn trace_slice(&self, f: &FiberRecord, after: Suspend) {
         let end = trace::now();
         let start = self.trace_mark.replace(end);
-        let resumes_before = self.trace_mark_progress.replace(self.progress.get());
+        let resumes_before = self.trace_mark_progress.replace(self.resumes());
         // Acquire: the ring's `zero` was written before it was published (`set_trace`).
         let p = self.slot().trace.load(Ordering::Acquire);
         // SAFETY: a non-null pointer is a ring the recorder keeps until the runtime's state
@@ -59,7 +64,7 @@ impl Carrier {
         // A mark older than the trace is an earlier trace's: the slice ran at the start, and
         // its resumes before that are unknown (at least one).
         let (start, resumes) =
-            if start < zero { (zero, 1) } else { (start, self.progress.get() - resumes_before) };
+            if start < zero { (zero, 1) } else { (start, self.resumes() - resumes_before) };
         let end_kind = match after {
             Suspend::Yield => End::Yield,
             Suspend::Park => End::Park,
@@ -82,7 +87,7 @@ impl Carrier {
     /// starts here.
     pub(super) fn trace_mark_now(&self) {
         self.trace_mark.set(trace::now());
-        self.trace_mark_progress.set(self.progress.get());
+        self.trace_mark_progress.set(self.resumes());
     }
 }
 
