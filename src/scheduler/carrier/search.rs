@@ -91,8 +91,10 @@ impl Carrier {
         if let Some(f) = self.home_pop(true) {
             return Some(f);
         }
-        if (self.heavier.get() || self.rt.idle.any_idle()) && self.slot().home_len.load(Ordering::Relaxed) > 0
-        {
+        // The home queue's own length, which `home_len` publishes (this carrier writes both),
+        // tested first: empty, as it is between short fibers, the test `home_pop` just made
+        // decides it, with no look at the idle counts.
+        if self.home_queue().len() > 0 && (self.heavier.get() || self.rt.idle.any_idle()) {
             // Unstarted fibers wait in the deque ahead of the home queue's oldest, and another
             // carrier is idle: leave them to it. Once started here they could never move, so
             // a carrier that started every fiber it spawned before the others woke would run
