@@ -160,6 +160,15 @@ pub(crate) fn schedule(f: FiberRef, wake: Wake) {
             return;
         }
     }
+    schedule_elsewhere(f, wake);
+}
+
+/// `schedule` from a thread that is not one of `f`'s runtime's carriers. Out of line, so that
+/// the carrier's path keeps a small frame: with this inlined, its saved registers came and went
+/// with unrelated changes elsewhere (W4 ±8 instructions per round trip, `arch/performance.md`).
+#[cold]
+#[inline(never)]
+fn schedule_elsewhere(f: FiberRef, wake: Wake) {
     let rt = f.runtime().clone();
     rt.trace_wake_remote(&f);
     if matches!(wake, Wake::Unpark | Wake::Joiner) {
