@@ -7,7 +7,7 @@
 //! them and writes only the `known` flags.
 
 use std::panic::Location;
-use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, Ordering};
 
 /// Entries per carrier; a program has few distinct spawn sites. When the table is full, new
 /// locations are simply not tracked.
@@ -39,15 +39,20 @@ pub(crate) struct Entry {
 
 pub(crate) struct LocationMap {
     entries: Box<[Entry]>,
-    /// The index of the entry `entry` returned last (owner only): fibers mostly come in runs
-    /// from one spawn site, and a key, once stored, never changes, so one compare finds it
-    /// again without the hash and the probe (`arch/performance.md`, the floor's log).
-    last: AtomicUsize,
+    /// The entry `entry` returned last (owner only): fibers mostly come in runs from one spawn
+    /// site, and a key, once stored, never changes, so one compare finds it again without the
+    /// hash and the probe (`arch/performance.md`, the floor's log). A pointer, not an index: no
+    /// bounds check, scaling or base to add on every first run. Always an element of `entries`,
+    /// whose buffer is allocated once and never moves (moving the map moves only the box), so
+    /// it is valid for as long as the map.
+    last: AtomicPtr<Entry>,
 }
 
 impl Default for LocationMap {
     fn default() -> LocationMap {
-        LocationMap { entries: (0..CAPACITY).map(|_| Entry::default()).collect(), last: AtomicUsize::new(0) }
+        let entries: Box<[Entry]> = (0..CAPACITY).map(|_| Entry::default()).collect();
+        let last = AtomicPtr::new(std::ptr::from_ref(&entries[0]).cast_mut());
+        LocationMap { entries, last }
     }
 }
 
@@ -65,7 +70,9 @@ impl LocationMap {
     /// The entry for `loc`, inserting it (owner only). `None` when the table is full around it.
     #[inline]
     pub(crate) fn entry(&self, loc: &'static Loc) -> Option<&Entry> {
-        let e = &self.entries[self.last.load(Ordering::Relaxed) % CAPACITY];
+        // SAFETY: `last` always points at an element of `entries` (see the field), which lives
+        // as long as `self`; entries are only ever shared (atomics inside).
+        let e = unsafe { &*self.last.load(Ordering::Relaxed) };
         if std::ptr::eq(e.key.load(Ordering::Relaxed), loc) {
             return Some(e);
         }
@@ -87,7 +94,7 @@ impl LocationMap {
             } else if key != want {
                 continue;
             }
-            self.last.store(i, Ordering::Relaxed);
+            self.last.store(std::ptr::from_ref(e).cast_mut(), Ordering::Relaxed);
             return Some(e);
         }
         None
