@@ -324,10 +324,10 @@ impl FiberRecord {
         let r = unsafe { ptr.as_ref() };
         debug_assert_eq!(r.refs.load(Ordering::Relaxed), 0);
         r.id.set(init.id);
-        // SAFETY: as above, exclusive. `name` and `scope` are `None` in an unused record
-        // (`blank`, and `recycle` takes them), and so is `runtime` unless the record holds its
-        // reference already (`Init::runtime`), so writing over them drops nothing: no check
-        // for an old value on the spawn path.
+        // No check for an old value on the spawn path: `name` and `scope` are `None` in an
+        // unused record (`blank`, and `recycle` takes them), and so is `runtime` unless the
+        // record holds its reference already (`Init::runtime`).
+        // SAFETY: as above, exclusive; writing over the three drops nothing (see above).
         unsafe {
             debug_assert!((*r.name.get()).is_none() && (*r.scope.get()).is_none());
             debug_assert_eq!((*r.runtime.get()).is_none(), init.runtime.is_some());
