@@ -566,7 +566,13 @@ fn udp_echo_and_a_shutdown_read_wake_parked_fibers() {
 /// whole limit), and 10,000 client fibers here. Each client connects, waits until every client
 /// has its connection, then writes 2 to 4 KiB of its own pattern, half-closes, reads the echo
 /// back with `read_exact` and sees the end of stream. Both processes run 2 carriers with hooks,
-/// and each asserts that it never needed a compensating carrier.
+/// and each asserts that it needed at most one compensating carrier. Every fiber carves a stack
+/// of its own (10,000 on each side: a system call for each guard page, then the first touch of
+/// its pages), and a carrier that sleeps in the kernel through a whole supervisor sample
+/// meanwhile is taken for blocked, as the supervisor's rule says it should be: the server
+/// needed one in 4 of 77 runs on 2026-12-06 (`metrics` then read "1 detections, 1
+/// compensations", no location caught). Calls that the hooks failed to park would block a
+/// carrier at every one of the 10,000 connections.
 ///
 /// Listen backlog: the server listens with 4,096 (somaxconn here), and a client holds one of
 /// fewer permits from before its `connect` until the server's greeting byte says its connection
@@ -618,8 +624,11 @@ fn ten_thousand_std_net_connections_held_open_at_once_on_two_carriers_each_side(
     let status = server.0.wait().unwrap();
     assert!(status.success(), "the echo server failed: {status}");
     eprintln!("{n} connections held open at once, echoed in {took:?}; the server: {report}");
-    let want = format!("{n} connections, {} bytes, compensations 0, carriers_peak 2", total_len(n));
-    assert_eq!(report, want);
+    let (served, carriers) = report.split_once(", compensations ").expect("the report's format");
+    assert_eq!(served, format!("{n} connections, {} bytes", total_len(n)));
+    let (compensations, peak) = carriers.split_once(", carriers_peak ").expect("the report's format");
+    let (compensations, peak): (u64, usize) = (compensations.parse().unwrap(), peak.parse().unwrap());
+    assert!(compensations <= 1 && peak <= 3, "the server needed compensating carriers: {report}");
 }
 
 /// Bytes client `i` sends: 2 to 4 KiB, a few KiB each, so that the echo fits in the socket
@@ -758,7 +767,9 @@ fn echo_clients(addr: SocketAddr, n: usize) {
     if let Some(e) = results.iter().find_map(|r| r.as_ref().err().filter(|e| *e != "another client failed")) {
         panic!("{e}");
     }
-    assert_no_compensation(&rt);
+    // At most one, as for the server (see the test's doc).
+    let m = rt.metrics();
+    assert!(m.compensations <= 1 && m.carriers_peak <= 3, "the clients needed compensating carriers: {m}");
 }
 
 fn echo_client(
