@@ -312,11 +312,11 @@ impl Carrier {
         if !std::ptr::eq(f.class(), self.rt.stacks) {
             return false;
         }
-        // SAFETY: `last < len`: the last coroutine, read out (a word at a time: the finish
-        // that put it there, maybe a few dozen instructions ago, wrote it with word stores,
-        // which a wider load spanning two could not be forwarded from) and forgotten by the
-        // new length; the slot is `None` and ours (the contract), so writing over it drops
-        // nothing.
+        // Read a word at a time: the finish that put it there, maybe a few dozen instructions
+        // ago, wrote it with word stores, which a wider load spanning two could not be
+        // forwarded from.
+        // SAFETY: `last < len`: the last coroutine, read out and forgotten by the new length;
+        // the slot is `None` and ours (the contract), so writing over it drops nothing.
         unsafe {
             cache.set_len(last);
             let mut co = std::mem::MaybeUninit::<Co>::uninit();
