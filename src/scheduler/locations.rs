@@ -7,7 +7,7 @@
 //! them and writes only the `known` flags.
 
 use std::panic::Location;
-use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, AtomicUsize, Ordering};
 
 /// Entries per carrier; a program has few distinct spawn sites. When the table is full, new
 /// locations are simply not tracked.
@@ -39,20 +39,18 @@ pub(crate) struct Entry {
 
 pub(crate) struct LocationMap {
     entries: Box<[Entry]>,
-    /// The entry `entry` returned last (owner only): fibers mostly come in runs from one spawn
-    /// site, and a key, once stored, never changes, so one compare finds it again without the
-    /// hash and the probe (`arch/performance.md`, the floor's log). A pointer, not an index: no
-    /// bounds check, scaling or base to add on every first run. Always an element of `entries`,
-    /// whose buffer is allocated once and never moves (moving the map moves only the box), so
-    /// it is valid for as long as the map.
-    last: AtomicPtr<Entry>,
+    /// The index of the entry `entry` returned last (owner only): fibers mostly come in runs
+    /// from one spawn site, and a key, once stored, never changes, so one compare finds it
+    /// again without the hash and the probe (`arch/performance.md`, the floor's log). Always
+    /// below `CAPACITY`, the length of `entries`, so read without a bounds check. (A pointer
+    /// into `entries` would save the scaling too, but one taken before the map moves, and with
+    /// it the box, is not guaranteed to stay valid under Rust's aliasing rules for `Box`.)
+    last: AtomicUsize,
 }
 
 impl Default for LocationMap {
     fn default() -> LocationMap {
-        let entries: Box<[Entry]> = (0..CAPACITY).map(|_| Entry::default()).collect();
-        let last = AtomicPtr::new(std::ptr::from_ref(&entries[0]).cast_mut());
-        LocationMap { entries, last }
+        LocationMap { entries: (0..CAPACITY).map(|_| Entry::default()).collect(), last: AtomicUsize::new(0) }
     }
 }
 
@@ -70,9 +68,9 @@ impl LocationMap {
     /// The entry for `loc`, inserting it (owner only). `None` when the table is full around it.
     #[inline]
     pub(crate) fn entry(&self, loc: &'static Loc) -> Option<&Entry> {
-        // SAFETY: `last` always points at an element of `entries` (see the field), which lives
-        // as long as `self`; entries are only ever shared (atomics inside).
-        let e = unsafe { &*self.last.load(Ordering::Relaxed) };
+        // SAFETY: `last` is always below `CAPACITY` (see the field), the length of `entries`
+        // (`default` builds exactly that many, and nothing changes them).
+        let e = unsafe { self.entries.get_unchecked(self.last.load(Ordering::Relaxed)) };
         if std::ptr::eq(e.key.load(Ordering::Relaxed), loc) {
             return Some(e);
         }
@@ -94,7 +92,7 @@ impl LocationMap {
             } else if key != want {
                 continue;
             }
-            self.last.store(std::ptr::from_ref(e).cast_mut(), Ordering::Relaxed);
+            self.last.store(i, Ordering::Relaxed);
             return Some(e);
         }
         None
