@@ -104,7 +104,8 @@ impl FiberRef {
         // Release/Acquire as in `Drop`.
         if r.refs.fetch_sub(2, Ordering::Release) == 2 {
             fence(Ordering::Acquire);
-            r.clear();
+            // SAFETY: those were the last two references: nobody else holds the record.
+            unsafe { r.clear() };
             return Some(ptr);
         }
         None
@@ -135,7 +136,8 @@ impl Drop for FiberRef {
         // Release/Acquire as in `Arc::drop`: every use happens before the record is reused.
         if self.refs.fetch_sub(1, Ordering::Release) == 1 {
             fence(Ordering::Acquire);
-            FiberRecord::recycle(self.0);
+            // SAFETY: that was the last reference, ours, given up just now.
+            unsafe { FiberRecord::recycle(self.0) };
         }
     }
 }

@@ -586,21 +586,29 @@ impl FiberRecord {
     ///
     /// The record's pointer alone is passed (not a reference beside it): one register to keep
     /// across the carrier's look-up, not two.
+    ///
+    /// # Safety
+    /// `ptr` is a record whose last counted reference the caller has just given up: unused,
+    /// and the caller's alone.
     #[inline(never)]
-    fn recycle(ptr: NonNull<FiberRecord>) {
-        // SAFETY: the last reference is gone: unused, ours, and allocated (records are freed
-        // only with their runtime's state, which the record's reference keeps).
-        unsafe { ptr.as_ref() }.clear();
+    unsafe fn recycle(ptr: NonNull<FiberRecord>) {
+        // SAFETY: the contract: unused, ours, and allocated (records are freed only with their
+        // runtime's state, which the record's reference keeps).
+        unsafe { ptr.as_ref().clear() };
         // The pool belongs to the runtime, which the record's reference keeps alive until the
         // end.
-        RuntimeRef::recycle(ptr);
+        // SAFETY: as above; cleared now.
+        unsafe { RuntimeRef::recycle(ptr) };
     }
 
     /// `recycle`'s first half: clears what described this fiber. Its runtime reference stays:
     /// whoever takes the record back decides what becomes of it.
+    ///
+    /// # Safety
+    /// No counted reference to the record remains: the caller has it alone.
     #[inline(always)]
-    fn clear(&self) {
-        // SAFETY: no references remain: we have exclusive access.
+    unsafe fn clear(&self) {
+        // SAFETY: the contract: exclusive access.
         unsafe {
             if let Some(co) = (*self.co.get()).take() {
                 // Only a fiber that could not be unwound keeps its coroutine this long; its

@@ -68,7 +68,10 @@ pub(crate) trait Schedule {
     /// A record's last reference is gone (it is cleared, and holds its runtime's reference
     /// still): put it back in a pool of its runtime, and decide what becomes of that reference
     /// (a carrier's cache keeps it in the record, see `Caches::records`).
-    fn recycle(rec: NonNull<FiberRecord>);
+    ///
+    /// # Safety
+    /// `rec` is such a record: unused, cleared, and the caller's alone.
+    unsafe fn recycle(rec: NonNull<FiberRecord>);
 
     /// Arms a timer that unparks `rec` at `deadline`, on the carrier running it, and returns
     /// its generation (for [`disarm`](Schedule::disarm)). Called by the fiber itself, just

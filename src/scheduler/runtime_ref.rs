@@ -117,9 +117,12 @@ impl Drop for RuntimeRef {
 /// it (`Caches::records`); elsewhere to the runtime's pool, and the reference is dropped. Inlined
 /// into `FiberRecord::recycle`, its one caller, which is already a call of its own: a second
 /// frame cost a tail jump and three registers saved again per fiber (`arch/performance.md`).
+///
+/// # Safety
+/// The record's last reference is gone: it is unused, cleared, and the caller's alone.
 #[inline(always)]
-pub(crate) fn recycle_record(ptr: NonNull<FiberRecord>) {
-    // SAFETY: the record's last reference is gone: it is unused, and ours.
+pub(crate) unsafe fn recycle_record(ptr: NonNull<FiberRecord>) {
+    // SAFETY: the contract.
     let rec = unsafe { ptr.as_ref() };
     let c = carrier::here();
     if !c.is_null() {
@@ -184,8 +187,9 @@ impl Schedule for RuntimeRef {
     }
 
     #[inline(always)]
-    fn recycle(rec: NonNull<FiberRecord>) {
-        recycle_record(rec);
+    unsafe fn recycle(rec: NonNull<FiberRecord>) {
+        // SAFETY: the trait method's contract, which is this one's.
+        unsafe { recycle_record(rec) };
     }
 
     #[inline(always)]
